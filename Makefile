@@ -1,0 +1,33 @@
+# The project's commands. `make test` and `make demo` work as the first command on a fresh
+# Debian 12 / Ubuntu machine (root or sudo): tools/bootstrap.sh installs what is missing.
+SHELL := /bin/bash
+VENV := .venv
+PYTHON := $(VENV)/bin/python
+# `make test GATES="ruff-check pytest" PYTEST_ARGS="-k smoke"` runs a subset.
+GATES ?=
+PYTEST_ARGS ?=
+
+.PHONY: test demo bench lint lock clean
+
+test:
+	@tools/bootstrap.sh test
+	@$(PYTHON) tools/gates.py $(GATES) -- $(PYTEST_ARGS)
+
+lint:
+	@tools/bootstrap.sh test
+	@$(PYTHON) tools/gates.py shellcheck ruff-check ruff-format compile ansible-sanity ansible-lint
+
+demo:
+	@tools/bootstrap.sh demo
+	@$(PYTHON) tools/demo.py
+
+bench:
+	@tools/bootstrap.sh demo
+	@$(PYTHON) benchmarks/run.py
+
+# Re-resolve requirements/dev.txt from the direct pins in requirements/dev.in.
+lock:
+	@tools/lock.sh
+
+clean:
+	rm -rf demo tests/output .pytest_cache .ruff_cache .hypothesis

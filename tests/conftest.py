@@ -1,0 +1,30 @@
+"""Test-wide set-up: make the collection importable as ``ansible_collections.hpcstack.ops``.
+
+Ansible imports collection code through that name. A temporary directory holds the name as
+a symlink to this checkout, so nothing is written into the repository and the tests import
+exactly the files under review.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import checkout
+
+_import_roots = []
+
+
+def pytest_configure(config):
+    root = checkout.link_collection(Path(tempfile.mkdtemp(prefix="hpcstack-collections-")))
+    sys.path.insert(0, str(root))
+    _import_roots.append(root)
+
+
+def pytest_unconfigure(config):
+    for root in _import_roots:
+        if str(root) in sys.path:
+            sys.path.remove(str(root))
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,9 @@
+"""Fixtures that start or wrap the real components: Lmod, EasyBuild, Slurm, a test user.
+
+Each lives in its own module under ``harness/``; importing them here makes them visible to
+every integration test.
+"""
+
+from tests.integration.harness.mounts import fuse_dir  # noqa: F401
+from tests.integration.harness.stack import easybuild, lmod, tiny_packages  # noqa: F401
+from tests.integration.harness.users import unprivileged_user, user_tmp_path  # noqa: F401

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Prepare this machine for `make demo` or `make test`: the distribution packages the real
+# components need, and .venv from the pinned requirement files. Safe to re-run: a second run
+# only checks and returns.
+#
+#   tools/bootstrap.sh demo|test
+set -euo pipefail
+
+profile=${1:-test}
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=${HPCSTACK_VENV:-$repo/.venv}
+lock=$repo/requirements/dev.txt
+
+say() { printf 'bootstrap: %s\n' "$*"; }
+die() { printf 'bootstrap: %s\n' "$*" >&2; exit 1; }
+
+# --- distribution packages ---------------------------------------------------------------
+# Each package with the reason it is needed; the profile picks the ones it uses.
+declare -A why=(
+  [lmod]="Lmod loads the module files EasyBuild writes"
+  [bubblewrap]="bubblewrap isolates staged builds"
+  [munge]="munge authenticates the test Slurm cluster"
+  [slurmctld]="slurmctld is the test cluster's controller"
+  [slurmd]="slurmd runs the test cluster's jobs and TaskProlog"
+  [slurm-client]="srun/sbatch/sinfo drive the test cluster"
+  [acl]="setfacl/getfacl check that module files keep their ACLs"
+  [bindfs]="bindfs gives a real FUSE mount for the rename fallback"
+  [shellcheck]="shellcheck lints the shell scripts"
+  [python3-venv]="python3-venv creates .venv"
+)
+case $profile in
+  demo) wanted=(lmod bubblewrap) ;;
+  test) wanted=(lmod bubblewrap munge slurmctld slurmd slurm-client acl bindfs shellcheck) ;;
+  *) die "unknown profile '$profile' (expected demo or test)" ;;
+esac
+
+python=${HPCSTACK_PYTHON:-python3}
+command -v "$python" >/dev/null || die "no $python on PATH; Python >= 3.11 is needed for .venv"
+"$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+  die "$python is $("$python" -V 2>&1); ansible-core 2.19 needs Python >= 3.11 (set HPCSTACK_PYTHON)"
+if [ ! -x "$venv/bin/python" ] && ! "$python" -c 'import ensurepip, venv' 2>/dev/null; then
+  wanted+=(python3-venv)
+fi
+
+installed() { dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null | grep -qx installed; }
+
+missing=()
+for pkg in "${wanted[@]}"; do
+  installed "$pkg" || missing+=("$pkg")
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+  reasons=()
+  for pkg in "${missing[@]}"; do reasons+=("${why[$pkg]}"); done
+  if [ "$(id -u)" -eq 0 ]; then
+    as_root=()
+  elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+    as_root=(sudo -n)
+  else
+    die "missing Debian packages: ${missing[*]} ($(IFS=';'; echo "${reasons[*]}")). Run as root, or: sudo apt-get install ${missing[*]}"
+  fi
+  say "installing ${missing[*]} from the distribution: $(IFS=';'; echo "${reasons[*]}")"
+  log=$(mktemp)
+  # The tests start their own daemons; package scripts must not start system-wide ones.
+  policy=/usr/sbin/policy-rc.d
+  added_policy=
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' | "${as_root[@]}" tee "$policy" >/dev/null
+    "${as_root[@]}" chmod 0755 "$policy"
+    added_policy=1
+  fi
+  cleanup() { [ -z "$added_policy" ] || "${as_root[@]}" rm -f "$policy"; rm -f "$log"; }
+  trap cleanup EXIT
+  # apt-get update does not honour DPkg::Lock::Timeout: retry while another apt holds the lock.
+  for attempt in 1 2 3 4 5 6; do
+    "${as_root[@]}" apt-get update -q >"$log" 2>&1 && break
+    [ "$attempt" -lt 6 ] || { cat "$log" >&2; die "apt-get update failed"; }
+    sleep 5
+  done
+  DEBIAN_FRONTEND=noninteractive "${as_root[@]}" apt-get install -y -q \
+    -o DPkg::Lock::Timeout=120 --no-install-recommends "${missing[@]}" >"$log" 2>&1 ||
+    { cat "$log" >&2; die "apt-get install ${missing[*]} failed"; }
+  for pkg in "${missing[@]}"; do
+    installed "$pkg" || die "package $pkg is still not installed after apt-get install"
+  done
+fi
+
+# --- .venv --------------------------------------------------------------------------------
+# The stamp names the lock file's hash and the interpreter: a changed pin or a new Python
+# rebuilds the environment, an unchanged one costs one hash.
+stamp_want="$(sha256sum "$lock" | cut -d' ' -f1) $("$python" -c 'import sys; print(sys.version.split()[0])')"
+if [ -f "$venv/.bootstrap-stamp" ] && [ "$(cat "$venv/.bootstrap-stamp")" = "$stamp_want" ]; then
+  exit 0
+fi
+say "creating .venv from requirements/dev.txt (ansible-core, ansible-lint, molecule, EasyBuild, pytest)"
+log=$(mktemp)
+rm -rf "$venv"
+"$python" -m venv "$venv" >"$log" 2>&1 || { cat "$log" >&2; die "python -m venv failed"; }
+"$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$lock" >"$log" 2>&1 ||
+  { cat "$log" >&2; rm -f "$log"; die "pip install -r requirements/dev.txt failed"; }
+rm -f "$log"
+printf '%s\n' "$stamp_want" >"$venv/.bootstrap-stamp"
+say ".venv ready ($("$venv/bin/python" -V))"

@@ -1,0 +1,47 @@
+"""This checkout: which files belong to it, and the names it imports under.
+
+``tracked_files`` is what git knows (committed or new and not ignored), so a copy made from
+it is what a clean clone would hold. ``link_collection`` and ``link_package`` make the code
+importable under its published names through symlinks in a directory the caller owns,
+without writing into the checkout.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = "hpcstack_ops"
+
+
+def tracked_files(repo: Path = REPO) -> list[str]:
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=repo, capture_output=True, text=True, check=True
+    )
+    return [name for name in listed.stdout.splitlines() if (repo / name).is_file()]
+
+
+def copy_to(dest: Path, repo: Path = REPO) -> Path:
+    """Copy the tracked files into ``dest`` (created); returns ``dest``."""
+    for name in tracked_files(repo):
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(repo / name, target, follow_symlinks=False)
+    return dest
+
+
+def link_collection(dest: Path, repo: Path = REPO) -> Path:
+    """``dest/ansible_collections/hpcstack/ops`` -> ``repo``; returns ``dest`` for sys.path."""
+    namespace = dest / "ansible_collections" / "hpcstack"
+    namespace.mkdir(parents=True, exist_ok=True)
+    (namespace / "ops").symlink_to(repo, target_is_directory=True)
+    return dest
+
+
+def link_package(dest: Path, repo: Path = REPO) -> Path:
+    """``dest/hpcstack_ops`` -> ``repo/plugins/module_utils``; returns ``dest`` for sys.path."""
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / PACKAGE).symlink_to(repo / "plugins" / "module_utils", target_is_directory=True)
+    return dest

@@ -1,0 +1,111 @@
+"""Compile gate: plugins/ must compile, and plugins/module_utils import, on Python 3.8-3.13.
+
+The core runs on compute and build nodes whose Python may be as old as 3.8, while the
+tests run on the controller's Python. Every interpreter of those versions found on this
+machine (PATH, /usr/bin, pyenv) compiles every file under plugins/ and imports every module
+of plugins/module_utils as the package ``hpcstack_ops``, the way the standalone commands and
+the copied guard import it. Exit 1 on any failure; the last line names the versions checked.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import checkout
+
+VERSIONS = [(3, minor) for minor in range(8, 14)]
+
+# Runs inside each interpreter: compile every file, then import every core module.
+_CHECK = r"""
+import importlib, pathlib, sys
+plugins, package_root = pathlib.Path(sys.argv[1]), sys.argv[2]
+sys.path.insert(0, package_root)
+failures = []
+for path in sorted(plugins.rglob("*.py")):
+    try:
+        compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+    except SyntaxError as err:
+        failures.append("%s:%s: %s" % (path, err.lineno, err.msg))
+core = plugins / "module_utils"
+for path in sorted(core.rglob("*.py")):
+    parts = path.relative_to(core).with_suffix("").parts
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    name = ".".join(("hpcstack_ops",) + parts)
+    try:
+        importlib.import_module(name)
+    except SyntaxError:
+        pass  # already reported by compile
+    except Exception as err:
+        failures.append("import %s: %s: %s" % (name, type(err).__name__, err))
+print("\n".join(failures))
+sys.exit(1 if failures else 0)
+"""
+
+
+def _candidates(major: int, minor: int):
+    name = f"python{major}.{minor}"
+    found = shutil.which(name)
+    if found:
+        yield found
+    yield f"/usr/bin/{name}"
+    pyenv_root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    yield from sorted(glob.glob(f"{pyenv_root}/versions/{major}.{minor}.*/bin/{name}"), reverse=True)
+
+
+def find_interpreter(major: int, minor: int) -> str | None:
+    """An interpreter that really is ``major.minor`` (a pyenv shim may only pretend)."""
+    for candidate in _candidates(major, minor):
+        if not os.access(candidate, os.X_OK):
+            continue
+        probe = subprocess.run(
+            [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if probe.returncode == 0 and probe.stdout.strip() == f"{major}.{minor}":
+            return candidate
+    return None
+
+
+def main() -> int:
+    plugins = checkout.REPO / "plugins"
+    checked, missing, failed = [], [], []
+    with tempfile.TemporaryDirectory(prefix="hpcstack-compile-") as tmp:
+        package_root = checkout.link_package(Path(tmp))
+        for major, minor in VERSIONS:
+            version = f"{major}.{minor}"
+            interpreter = find_interpreter(major, minor)
+            if interpreter is None:
+                missing.append(version)
+                continue
+            # -I: no user site, no PYTHON* variables, no current directory on sys.path,
+            # as the guard runs on a node.
+            done = subprocess.run(
+                [interpreter, "-I", "-c", _CHECK, str(plugins), str(package_root)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            checked.append(version)
+            if done.returncode != 0:
+                failed.append(version)
+                sys.stdout.write(f"Python {version} ({interpreter}):\n{done.stdout}{done.stderr}")
+    summary = f"compiled plugins/ with Python {', '.join(checked) or 'none'}"
+    if missing:
+        summary += f"; not found here: {', '.join(missing)}"
+    if failed:
+        summary += f"; FAILED on {', '.join(failed)}"
+    sys.stdout.write(summary + "\n")
+    return 1 if failed or not checked else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,107 @@
+"""Run the quality gates of `make test` in order and print one summary line per gate.
+
+    .venv/bin/python tools/gates.py                 # every gate
+    .venv/bin/python tools/gates.py ruff-check pytest   # only these
+    .venv/bin/python tools/gates.py pytest -- -k smoke  # arguments after -- go to pytest
+
+Every gate runs even when an earlier one failed, so one run shows every problem; the exit
+status is 1 when any gate failed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import checkout
+
+REPO = checkout.REPO
+PYTHON = sys.executable
+
+
+@dataclass(frozen=True)
+class Gate:
+    name: str
+    argv: list[str]
+    what: str
+
+
+def _shell_scripts() -> list[str]:
+    scripts = []
+    for name in checkout.tracked_files():
+        if name.endswith(".sh"):
+            scripts.append(name)
+        elif "." not in Path(name).name:
+            with open(REPO / name, "rb") as handle:
+                if handle.readline().startswith((b"#!/bin/sh", b"#!/bin/bash", b"#!/usr/bin/env bash")):
+                    scripts.append(name)
+    return scripts
+
+
+def gates(pytest_args: list[str]) -> list[Gate]:
+    return [
+        Gate("shellcheck", ["shellcheck", *_shell_scripts()], "shell scripts"),
+        Gate("ruff-check", [PYTHON, "-m", "ruff", "check", "."], "lint"),
+        Gate("ruff-format", [PYTHON, "-m", "ruff", "format", "--check", "."], "formatting"),
+        Gate("compile", [PYTHON, "tools/compile_check.py"], "plugins/ on Python 3.8-3.13"),
+        Gate("changelog", [str(Path(PYTHON).parent / "antsibull-changelog"), "lint"], "changelog fragments"),
+        Gate("ansible-sanity", ["bash", "tools/ansible-sanity.sh"], "ansible-test sanity"),
+        Gate("ansible-lint", ["bash", "tools/ansible-lint.sh"], "ansible-lint, production profile"),
+        Gate(
+            "pytest",
+            [PYTHON, "-m", "pytest", "-p", "xdist", "-n", "auto", "--dist", "loadgroup", *pytest_args],
+            "unit and integration tests",
+        ),
+    ]
+
+
+def _run(gate: Gate) -> tuple[int, str, float]:
+    """Stream the gate's output; return its exit status, last output line and duration."""
+    print(f"\n==> {gate.name}: {gate.what}", flush=True)
+    started = time.monotonic()
+    last = ""
+    with subprocess.Popen(
+        gate.argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    ) as proc:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            if line.strip():
+                last = line.strip()
+    return proc.returncode, last, time.monotonic() - started
+
+
+def main(argv: list[str]) -> int:
+    pytest_args: list[str] = []
+    if "--" in argv:
+        pytest_args = argv[argv.index("--") + 1 :]
+        argv = argv[: argv.index("--")]
+    selected = gates(pytest_args)
+    unknown = sorted(set(argv) - {gate.name for gate in selected})
+    if unknown:
+        sys.stderr.write(
+            f"gates: unknown gate {', '.join(unknown)}; known: {' '.join(g.name for g in selected)}\n"
+        )
+        return 2
+    if argv:
+        selected = [gate for gate in selected if gate.name in argv]
+
+    results = [(gate, *_run(gate)) for gate in selected]
+
+    print("\n==> summary")
+    for gate, status, last, seconds in results:
+        verdict = "passed" if status == 0 else f"FAILED (exit {status})"
+        print(f"  {gate.name:<15} {verdict:<16} {seconds:6.1f} s  {last[:90]}")
+    failed = [gate.name for gate, status, _, _ in results if status != 0]
+    if failed:
+        print(f"make test: {len(failed)} of {len(results)} gates failed: {', '.join(failed)}")
+        return 1
+    print(f"make test: all {len(results)} gates passed")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
