@@ -42,6 +42,15 @@ if [ ! -x "$venv/bin/python" ] && ! "$python" -c 'import ensurepip, venv' 2>/dev
   wanted+=(python3-venv)
 fi
 
+log=$(mktemp)
+added_policy=
+cleanup() {
+  rm -f "$log"
+  [ -z "$added_policy" ] || "${as_root[@]}" rm -f /usr/sbin/policy-rc.d
+}
+trap cleanup EXIT
+as_root=()
+
 installed() { dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null | grep -qx installed; }
 
 missing=()
@@ -53,31 +62,26 @@ if [ ${#missing[@]} -gt 0 ]; then
   reasons=()
   for pkg in "${missing[@]}"; do reasons+=("${why[$pkg]}"); done
   if [ "$(id -u)" -eq 0 ]; then
-    as_root=()
+    :
   elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
     as_root=(sudo -n)
   else
     die "missing Debian packages: ${missing[*]} ($(IFS=';'; echo "${reasons[*]}")). Run as root, or: sudo apt-get install ${missing[*]}"
   fi
   say "installing ${missing[*]} from the distribution: $(IFS=';'; echo "${reasons[*]}")"
-  log=$(mktemp)
   # The tests start their own daemons; package scripts must not start system-wide ones.
-  policy=/usr/sbin/policy-rc.d
-  added_policy=
-  if [ ! -e "$policy" ]; then
-    printf '#!/bin/sh\nexit 101\n' | "${as_root[@]}" tee "$policy" >/dev/null
-    "${as_root[@]}" chmod 0755 "$policy"
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
     added_policy=1
+    printf '#!/bin/sh\nexit 101\n' | "${as_root[@]}" tee /usr/sbin/policy-rc.d >/dev/null
+    "${as_root[@]}" chmod 0755 /usr/sbin/policy-rc.d
   fi
-  cleanup() { [ -z "$added_policy" ] || "${as_root[@]}" rm -f "$policy"; rm -f "$log"; }
-  trap cleanup EXIT
   # apt-get update does not honour DPkg::Lock::Timeout: retry while another apt holds the lock.
   for attempt in 1 2 3 4 5 6; do
     "${as_root[@]}" apt-get update -q >"$log" 2>&1 && break
     [ "$attempt" -lt 6 ] || { cat "$log" >&2; die "apt-get update failed"; }
     sleep 5
   done
-  DEBIAN_FRONTEND=noninteractive "${as_root[@]}" apt-get install -y -q \
+  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
     -o DPkg::Lock::Timeout=120 --no-install-recommends "${missing[@]}" >"$log" 2>&1 ||
     { cat "$log" >&2; die "apt-get install ${missing[*]} failed"; }
   for pkg in "${missing[@]}"; do
@@ -93,11 +97,9 @@ if [ -f "$venv/.bootstrap-stamp" ] && [ "$(cat "$venv/.bootstrap-stamp")" = "$st
   exit 0
 fi
 say "creating .venv from requirements/dev.txt (ansible-core, ansible-lint, molecule, EasyBuild, pytest)"
-log=$(mktemp)
 rm -rf "$venv"
 "$python" -m venv "$venv" >"$log" 2>&1 || { cat "$log" >&2; die "python -m venv failed"; }
 "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$lock" >"$log" 2>&1 ||
-  { cat "$log" >&2; rm -f "$log"; die "pip install -r requirements/dev.txt failed"; }
-rm -f "$log"
+  { cat "$log" >&2; die "pip install -r requirements/dev.txt failed"; }
 printf '%s\n' "$stamp_want" >"$venv/.bootstrap-stamp"
 say ".venv ready ($("$venv/bin/python" -V))"

@@ -5,5 +5,6 @@ every integration test.
 """
 
 from tests.integration.harness.mounts import fuse_dir  # noqa: F401
+from tests.integration.harness.slurm import slurm_cluster  # noqa: F401
 from tests.integration.harness.stack import easybuild, lmod, tiny_packages  # noqa: F401
 from tests.integration.harness.users import unprivileged_user, user_tmp_path  # noqa: F401
