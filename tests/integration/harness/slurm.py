@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-import checkout
 import pytest
+
+import checkout
 
 SCRIPT = checkout.REPO / "tools" / "slurm-local.sh"
 
@@ -112,7 +113,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     only hide a broken set-up.
     """
     root = Path(tempfile.mkdtemp(prefix="hpcstack-slurm-", dir="/tmp"))
-    root.chmod(0o755)  # noqa: S103 - job users and munge clients must reach the socket
+    root.chmod(0o755)  # job users and munge clients must reach the socket
     try:
         started = _script("start", root, START_TIMEOUT)
     except subprocess.TimeoutExpired as err:
