@@ -26,7 +26,7 @@ def _time_rounds(case):
         subject = case.subject(Path(subject_dir))
         baseline = case.baseline(Path(baseline_dir))
         subject_ns, baseline_ns = [], []
-        for _ in range(case.rounds):
+        for _round in range(case.rounds):
             for operation, samples in ((subject, subject_ns), (baseline, baseline_ns)):
                 started = time.perf_counter_ns()
                 operation()

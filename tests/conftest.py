@@ -28,3 +28,13 @@ def pytest_unconfigure(config):
         if str(root) in sys.path:
             sys.path.remove(str(root))
         shutil.rmtree(root, ignore_errors=True)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # Every test here runs on the CI machine: a skip means a component or a fixture went
+    # missing, and the run must say so by failing rather than pass with less tested.
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter else []
+    if skipped and session.exitstatus == 0:
+        reporter.write_line(f"{len(skipped)} test(s) skipped; tests must not skip (see -rs above)", red=True)
+        session.exitstatus = 1

@@ -95,7 +95,7 @@ def main(argv: list[str]) -> int:
     for gate, status, last, seconds in results:
         verdict = "passed" if status == 0 else f"FAILED (exit {status})"
         print(f"  {gate.name:<15} {verdict:<16} {seconds:6.1f} s  {last[:90]}")
-    failed = [gate.name for gate, status, _, _ in results if status != 0]
+    failed = [gate.name for gate, status, _last, _seconds in results if status != 0]
     if failed:
         print(f"make test: {len(failed)} of {len(results)} gates failed: {', '.join(failed)}")
         return 1

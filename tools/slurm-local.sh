@@ -222,6 +222,16 @@ launch() {
   echo "$! $name" >>"$dir/pids"
 }
 
+# True while PID (a child of this script, so its pid cannot be reused before we reap it)
+# has not exited. No name check: between fork and exec the child still runs as this script.
+running() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  # The state follows the command name, which is in parentheses and may contain blanks.
+  stat=${stat##*) }
+  [[ ${stat:0:1} != Z ]]
+}
+
 # Waits until "$@" succeeds; fails the start at once if any daemon started so far is dead.
 wait_for() {
   local what=$1 timeout=$2 i
@@ -230,7 +240,7 @@ wait_for() {
   until "$@"; do
     read_pids
     for i in "${!pids[@]}"; do
-      alive "${pids[i]}" "${names[i]}" || fail_start "${names[i]} died while waiting for $what"
+      running "${pids[i]}" || fail_start "${names[i]} died while waiting for $what"
     done
     ((SECONDS < deadline)) || fail_start "no $what after ${timeout} s"
     sleep 0.05

@@ -4,7 +4,17 @@ Each lives in its own module under ``harness/``; importing them here makes them 
 every integration test.
 """
 
-from tests.integration.harness.mounts import fuse_dir  # noqa: F401
-from tests.integration.harness.slurm import slurm_cluster  # noqa: F401
-from tests.integration.harness.stack import easybuild, lmod, tiny_packages  # noqa: F401
-from tests.integration.harness.users import unprivileged_user, user_tmp_path  # noqa: F401
+from tests.integration.harness.mounts import fuse_dir
+from tests.integration.harness.slurm import slurm_cluster
+from tests.integration.harness.stack import easybuild, lmod, tiny_packages
+from tests.integration.harness.users import unprivileged_user, user_tmp_path
+
+__all__ = [
+    "easybuild",
+    "fuse_dir",
+    "lmod",
+    "slurm_cluster",
+    "tiny_packages",
+    "unprivileged_user",
+    "user_tmp_path",
+]
