@@ -81,34 +81,17 @@ for cache_path in "${get_pips[@]}"; do
 done
 
 # --- target Pythons ---------------------------------------------------------------------
-# ansible-test looks for pythonX.Y on PATH. pyenv's shims answer for every version but fail
-# for the ones not selected, so each version is checked by running it, and a working
-# interpreter is linked into a private bin directory put first on PATH.
+# ansible-test looks for pythonX.Y on PATH, where a pyenv shim may answer for a version it
+# cannot run: the working interpreters (tools/pythons.py) are linked into a private bin
+# directory put first on PATH.
 found=()
+while read -r version interpreter; do
+  ln -s "$interpreter" "$tmp/bin/python$version"
+  found+=("$version")
+done < <("$python" "$repo/tools/pythons.py" --venv "${target_pythons[@]}")
 missing=()
 for version in "${target_pythons[@]}"; do
-  candidates=()
-  if on_path=$(command -v "python$version"); then candidates+=("$on_path"); fi
-  # pyenv's builds of this version, newest patch release first.
-  while IFS= read -r pyenv_python; do
-    candidates+=("$pyenv_python")
-  done < <(printf '%s\n' "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$version".*/bin/"python$version" |
-    grep -v '[*]' | sort -rV)
-  chosen=
-  for candidate in "${candidates[@]}"; do
-    # The interpreter itself rather than a shim that picks one depending on the directory.
-    if chosen=$("$candidate" -c 'import ensurepip, sys, venv; print(sys.executable)' 2>/dev/null) &&
-      [ -x "$chosen" ]; then
-      break
-    fi
-    chosen=
-  done
-  if [ -n "$chosen" ]; then
-    ln -s "$chosen" "$tmp/bin/python$version"
-    found+=("$version")
-  else
-    missing+=("$version")
-  fi
+  [ -e "$tmp/bin/python$version" ] || missing+=("$version")
 done
 [ ${#missing[@]} -eq 0 ] ||
   say "WARNING: no Python ${missing[*]} with venv support here; the import and compile tests skip them"

@@ -59,16 +59,16 @@ for pkg in "${wanted[@]}"; do
 done
 
 if [ ${#missing[@]} -gt 0 ]; then
-  reasons=()
-  for pkg in "${missing[@]}"; do reasons+=("${why[$pkg]}"); done
+  reasons=
+  for pkg in "${missing[@]}"; do reasons+="${reasons:+; }${why[$pkg]}"; done
   if [ "$(id -u)" -eq 0 ]; then
     :
   elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
     as_root=(sudo -n)
   else
-    die "missing Debian packages: ${missing[*]} ($(IFS=';'; echo "${reasons[*]}")). Run as root, or: sudo apt-get install ${missing[*]}"
+    die "missing Debian packages: ${missing[*]} ($reasons). Run as root, or: sudo apt-get install ${missing[*]}"
   fi
-  say "installing ${missing[*]} from the distribution: $(IFS=';'; echo "${reasons[*]}")"
+  say "installing ${missing[*]} from the distribution: $reasons"
   # The tests start their own daemons; package scripts must not start system-wide ones.
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     added_policy=1

@@ -2,24 +2,22 @@
 
 The core runs on compute and build nodes whose Python may be as old as 3.8, while the
 tests run on the controller's Python. Every interpreter of those versions found on this
-machine (PATH, /usr/bin, pyenv) compiles every file under plugins/ and imports every module
+machine (``tools/pythons.py``) compiles every file under plugins/ and imports every module
 of plugins/module_utils as the package ``hpcstack_ops``, the way the standalone commands and
 the copied guard import it. Exit 1 on any failure; the last line names the versions checked.
 """
 
 from __future__ import annotations
 
-import glob
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import checkout
+import pythons
 
-VERSIONS = [(3, minor) for minor in range(8, 14)]
+VERSIONS = [f"3.{minor}" for minor in range(8, 14)]
 
 # Runs inside each interpreter: compile every file, then import every core module.
 _CHECK = r"""
@@ -49,40 +47,13 @@ sys.exit(1 if failures else 0)
 """
 
 
-def _candidates(major: int, minor: int):
-    name = f"python{major}.{minor}"
-    found = shutil.which(name)
-    if found:
-        yield found
-    yield f"/usr/bin/{name}"
-    pyenv_root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
-    yield from sorted(glob.glob(f"{pyenv_root}/versions/{major}.{minor}.*/bin/{name}"), reverse=True)
-
-
-def find_interpreter(major: int, minor: int) -> str | None:
-    """An interpreter that really is ``major.minor`` (a pyenv shim may only pretend)."""
-    for candidate in _candidates(major, minor):
-        if not os.access(candidate, os.X_OK):
-            continue
-        probe = subprocess.run(
-            [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if probe.returncode == 0 and probe.stdout.strip() == f"{major}.{minor}":
-            return candidate
-    return None
-
-
 def main() -> int:
     plugins = checkout.REPO / "plugins"
     checked, missing, failed = [], [], []
     with tempfile.TemporaryDirectory(prefix="hpcstack-compile-") as tmp:
         package_root = checkout.link_package(Path(tmp))
-        for major, minor in VERSIONS:
-            version = f"{major}.{minor}"
-            interpreter = find_interpreter(major, minor)
+        for version in VERSIONS:
+            interpreter = pythons.find(version)
             if interpreter is None:
                 missing.append(version)
                 continue
