@@ -47,11 +47,13 @@ sys.exit(1 if failures else 0)
 """
 
 
-def main() -> int:
-    plugins = checkout.REPO / "plugins"
+def main(argv: list[str]) -> int:
+    """``compile_check.py [REPO]``: check REPO's plugins/ (default: this checkout)."""
+    repo = Path(argv[0]) if argv else checkout.REPO
+    plugins = repo / "plugins"
     checked, missing, failed = [], [], []
     with tempfile.TemporaryDirectory(prefix="hpcstack-compile-") as tmp:
-        package_root = checkout.link_package(Path(tmp))
+        package_root = checkout.link_package(Path(tmp), repo)
         for version in VERSIONS:
             interpreter = pythons.find(version)
             if interpreter is None:
@@ -79,4 +81,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(sys.argv[1:]))
