@@ -15,7 +15,7 @@ test:
 
 lint:
 	@tools/bootstrap.sh test
-	@$(PYTHON) tools/gates.py shellcheck ruff-check ruff-format compile ansible-sanity ansible-lint
+	@$(PYTHON) tools/gates.py shellcheck ruff-check ruff-format compile changelog ansible-sanity ansible-lint
 
 demo:
 	@tools/bootstrap.sh demo

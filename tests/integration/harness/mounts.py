@@ -22,4 +22,7 @@ def fuse_dir(tmp_path):
     if done.returncode != 0:
         pytest.fail(f"bindfs mount failed: {done.stderr.strip()}")
     yield mountpoint
-    subprocess.run(["fusermount", "-u", str(mountpoint)], capture_output=True, check=True, timeout=30)
+    # bindfs pulls in either fuse (fusermount) or fuse3 (fusermount3).
+    fusermount = shutil.which("fusermount") or shutil.which("fusermount3")
+    unmount = [fusermount, "-u"] if fusermount else ["umount"]
+    subprocess.run([*unmount, str(mountpoint)], capture_output=True, check=True, timeout=30)
