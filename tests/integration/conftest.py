@@ -7,13 +7,16 @@ every integration test.
 from tests.integration.harness.mounts import fuse_dir
 from tests.integration.harness.slurm import slurm_cluster
 from tests.integration.harness.stack import easybuild, lmod, tiny_packages
+from tests.integration.harness.staged import package_root, staged_site
 from tests.integration.harness.users import unprivileged_user, user_tmp_path
 
 __all__ = [
     "easybuild",
     "fuse_dir",
     "lmod",
+    "package_root",
     "slurm_cluster",
+    "staged_site",
     "tiny_packages",
     "unprivileged_user",
     "user_tmp_path",

@@ -9,8 +9,14 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import hashlib
+import json
 import os
 import platform
+import stat
+import tempfile
+
+from . import errors
 
 # From include/uapi/linux/fs.h.
 RENAME_EXCHANGE = 1 << 1
@@ -72,3 +78,212 @@ def rename_exchange(path_a, path_b):
     if func(_AT_FDCWD, os.fsencode(path_a), _AT_FDCWD, os.fsencode(path_b), RENAME_EXCHANGE) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), path_a, None, path_b)
+
+
+def fsync_dir(path):
+    """Flush the directory ``path`` itself, so that renames and creations in it survive a crash.
+
+    ``fsync`` of a file makes its bytes durable, not the name that points at it; only an
+    ``fsync`` of the directory commits the entry. Raises ``OSError`` (``ENOTDIR`` for a file).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def open_nofollow(path, flags, mode=0o600):
+    """``os.open`` that refuses a symlink as the last component of ``path``; returns the fd.
+
+    ``O_NOFOLLOW`` closes the window between checking a name and opening it: a link planted
+    at a state file or a lock cannot redirect the open. ``O_CLOEXEC`` keeps the descriptor
+    out of children, which matters for the lock sidecar (closing any descriptor of that inode
+    drops the process's record locks). A link, which the kernel reports as ``ELOOP`` (or as
+    ``ENOTDIR`` under ``O_DIRECTORY``), becomes ``UsageError`` naming ``path``; other errors
+    stay ``OSError``.
+    """
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as err:
+        refused_link = err.errno == errno.ELOOP or (
+            err.errno == errno.ENOTDIR and flags & os.O_DIRECTORY and os.path.islink(path)
+        )
+        if refused_link:
+            raise errors.UsageError(f"{os.fspath(path)} is a symbolic link; refusing to follow it") from None
+        raise
+
+
+def _refuse_symlink(path, what):
+    if os.path.islink(path):
+        raise errors.UsageError(f"{what} {os.fspath(path)} is a symbolic link; refusing to replace it")
+
+
+def atomic_write(path, data, mode=0o644):
+    """Replace the file ``path`` with ``data`` (bytes) so that a reader or a crash sees either
+    the old contents or the new, never a mix, an empty file, or a file without its mode.
+
+    The order is borg's (``platform/base.py``), and every step is there for a reason:
+
+    1. ``tempfile.mkstemp`` in the directory of ``path``. The same directory keeps the final
+       ``os.replace`` a rename within one filesystem, which is atomic. The name is random and
+       created with ``O_EXCL``: a fixed name such as ``path + ".tmp"`` could be created in
+       advance as a hard link to another file, which this write would then overwrite.
+    2. Write all of ``data`` and flush Python's buffer into the kernel.
+    3. ``fchmod`` to ``mode`` (``mkstemp`` creates 0600, and the umask does not apply), done
+       before the ``fsync`` so that the mode is made durable together with the bytes; a
+       ``chmod`` after the ``fsync`` could be lost in a crash and leave 0600 in place.
+    4. ``fsync`` the file: its bytes and its inode are on disk before any name points at it.
+       Without this, a crash after the rename can leave ``path`` naming an empty file.
+    5. ``os.replace`` onto ``path``: one rename, so readers see the old or the new inode.
+    6. ``fsync`` the directory: the rename itself is durable when this function returns,
+       which is what a journal written next relies on.
+
+    On any error (or an interrupt) before the rename the temporary file is unlinked and the
+    error raised again; ``path`` is untouched. An error in step 6 is raised with the new
+    contents already in place but not known to be durable.
+
+    A symlink at ``path`` is refused with ``UsageError``: ``os.replace`` would replace the
+    link, not its target, and a link there means someone else arranged the name. Symlinks in
+    the directories above are the caller's check (``refuse_symlink_components``).
+    """
+    _refuse_symlink(path, "target")
+    directory, name = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix="." + name + ".", suffix=".tmp", dir=directory)
+    replaced = False
+    try:
+        with os.fdopen(fd, "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fchmod(stream.fileno(), mode)
+            os.fsync(stream.fileno())
+        os.replace(tmp, path)
+        replaced = True
+        fsync_dir(directory)
+    except BaseException:
+        if not replaced:
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path, obj, mode=0o644):
+    """``atomic_write`` of ``obj`` as JSON: sorted keys, indented, ending in a newline.
+
+    Sorted keys make two writes of the same state byte-identical, so a journal can be compared
+    and diffed; the newline keeps ``cat`` and line tools honest.
+    """
+    text = json.dumps(obj, sort_keys=True, indent=2) + "\n"
+    atomic_write(path, text.encode("utf-8"), mode)
+
+
+def _components(path):
+    """The absolute ``path`` as its list of components, without normalising ``..`` away."""
+    path = os.fspath(path)
+    if not os.path.isabs(path):
+        # Not abspath: normalising "link/.." lexically would skip the link the kernel follows.
+        path = os.path.join(os.getcwd(), path)
+    return [part for part in path.split("/") if part not in ("", ".")]
+
+
+def refuse_symlink_components(path, stop_at=None):
+    """Raise ``UsageError`` naming the first component of ``path`` that is a symbolic link.
+
+    Components are checked from ``/``, or from below ``stop_at`` when given (``stop_at``
+    itself is trusted: a site may keep its software root behind a link). Every existing
+    prefix is checked, so a link is refused even when the path's tail does not exist yet
+    (a module file about to be written, a state root about to be created); the first missing
+    prefix ends the walk. ``..`` is walked as written rather than normalised away, because the
+    kernel resolves it after following the link before it. A ``path`` outside ``stop_at`` is
+    refused; a prefix that cannot be examined (other than missing) is refused too, since it
+    cannot be shown to be safe.
+    """
+    parts = _components(path)
+    start = 0
+    if stop_at is not None:
+        root = _components(stop_at)
+        if parts[: len(root)] != root:
+            raise errors.UsageError(f"{os.fspath(path)} is not under {os.fspath(stop_at)}")
+        start = len(root)
+    for depth in range(start + 1, len(parts) + 1):
+        prefix = "/" + "/".join(parts[:depth])
+        try:
+            info = os.lstat(prefix)
+        except OSError as err:
+            if err.errno in (errno.ENOENT, errno.ENOTDIR):
+                return
+            raise errors.UsageError(f"cannot check {prefix} for symbolic links: {err.strerror}") from None
+        if stat.S_ISLNK(info.st_mode):
+            raise errors.UsageError(
+                f"{prefix} is a symbolic link (in {os.fspath(path)}); symlink components are refused"
+            )
+
+
+_CHUNK = 1 << 20
+
+
+def _file_digest(path):
+    # O_NOFOLLOW and the fstat re-check: the entry was a regular file when listed, but a tree
+    # that changes under the walk must not make it follow a new link or block on a new FIFO.
+    fd = open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return _other(info)
+        digest = hashlib.sha256()
+        chunk = os.read(fd, _CHUNK)
+        while chunk:
+            digest.update(chunk)
+            chunk = os.read(fd, _CHUNK)
+        return "sha256:" + digest.hexdigest()
+    finally:
+        os.close(fd)
+
+
+def _other(info):
+    return f"other:{stat.S_IFMT(info.st_mode):o}"
+
+
+def _entry_digest(path, info):
+    if stat.S_ISLNK(info.st_mode):
+        return "link:" + os.readlink(path)
+    if stat.S_ISDIR(info.st_mode):
+        return "dir"
+    if stat.S_ISREG(info.st_mode):
+        return _file_digest(path)
+    return _other(info)
+
+
+def tree_digest(root):
+    """The live-change record of the tree ``root``: relative path -> what is there.
+
+    Values: ``"sha256:<hex>"`` of a regular file's contents, ``"link:<target>"`` for a
+    symbolic link (never followed, so a link out of the tree is recorded, not read), ``"dir"``
+    for a directory, and ``"other:<octal file type>"`` for a FIFO, socket or device (never
+    opened: reading a FIFO would block). ``root`` itself is not an entry. Keys use ``/`` and
+    come sorted. ``root`` must be a real directory (``UsageError`` otherwise); an entry that
+    cannot be read raises ``OSError``, since a record with holes would hide a change.
+    """
+    root = os.fspath(root)
+    try:
+        root_info = os.lstat(root)
+    except FileNotFoundError:
+        raise errors.UsageError(f"{root} does not exist; cannot record its contents") from None
+    if not stat.S_ISDIR(root_info.st_mode):
+        raise errors.UsageError(f"{root} is not a directory (or is a symbolic link)")
+    record = {}
+    pending = [""]
+    while pending:
+        relative = pending.pop()
+        with os.scandir(os.path.join(root, relative)) as entries:
+            for entry in entries:
+                name = relative + "/" + entry.name if relative else entry.name
+                info = entry.stat(follow_symlinks=False)
+                record[name] = _entry_digest(entry.path, info)
+                if record[name] == "dir":
+                    pending.append(name)
+    return {name: record[name] for name in sorted(record)}
+
+
+def changed_paths(before, after):
+    """Sorted relative paths added, removed or changed between two ``tree_digest`` records."""
+    return sorted(name for name in set(before) | set(after) if before.get(name) != after.get(name))

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
+import hashlib
+import json
 import os
 import platform
+import stat
 import tempfile
 
 import pytest
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.common import fsutil
+from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors, fsutil
 
 
 def _tree(path, payload):
@@ -83,3 +87,496 @@ def test_the_raw_syscall_path_swaps_like_the_libc_wrapper(tmp_path):
 
     assert result == 0
     assert (tmp_path / "live" / "PAYLOAD").read_text() == "new"
+
+
+# fsync_dir
+
+
+def _open_fds():
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_fsync_dir_flushes_a_directory_and_closes_its_descriptor(tmp_path):
+    (tmp_path / "entry").write_text("x")
+    before = _open_fds()
+
+    assert fsutil.fsync_dir(tmp_path) is None
+
+    assert _open_fds() == before
+    assert (tmp_path / "entry").read_text() == "x"
+
+
+def test_fsync_dir_of_a_regular_file_raises_enotdir(tmp_path):
+    (tmp_path / "file").write_text("x")
+    before = _open_fds()
+
+    with pytest.raises(NotADirectoryError):
+        fsutil.fsync_dir(tmp_path / "file")
+
+    assert _open_fds() == before
+
+
+def test_fsync_dir_of_a_missing_directory_raises_enoent(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        fsutil.fsync_dir(tmp_path / "missing")
+
+
+# open_nofollow
+
+
+def test_open_nofollow_opens_a_regular_file_close_on_exec(tmp_path):
+    (tmp_path / "state").write_bytes(b"contents")
+
+    fd = fsutil.open_nofollow(tmp_path / "state", os.O_RDONLY)
+    try:
+        assert os.read(fd, 100) == b"contents"
+        assert os.get_inheritable(fd) is False
+        assert fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+    finally:
+        os.close(fd)
+
+
+def test_open_nofollow_creates_with_mode_0600_by_default(tmp_path):
+    fd = fsutil.open_nofollow(tmp_path / "lock", os.O_RDWR | os.O_CREAT)
+    os.close(fd)
+
+    assert stat.S_IMODE((tmp_path / "lock").stat().st_mode) == 0o600
+
+
+def test_open_nofollow_refuses_a_symlink_naming_the_path(tmp_path):
+    (tmp_path / "target").write_bytes(b"keep")
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+
+    with pytest.raises(errors.UsageError, match=f"^{tmp_path}/link is a symbolic link"):
+        fsutil.open_nofollow(tmp_path / "link", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+
+    assert (tmp_path / "target").read_bytes() == b"keep"
+
+
+def test_open_nofollow_refuses_a_dangling_symlink_instead_of_creating_its_target(tmp_path):
+    (tmp_path / "link").symlink_to(tmp_path / "planted")
+
+    with pytest.raises(errors.UsageError, match="is a symbolic link"):
+        fsutil.open_nofollow(tmp_path / "link", os.O_WRONLY | os.O_CREAT)
+
+    assert not (tmp_path / "planted").exists()
+
+
+def test_open_nofollow_refuses_a_symlink_to_a_directory(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+
+    with pytest.raises(errors.UsageError, match="is a symbolic link"):
+        fsutil.open_nofollow(tmp_path / "link", os.O_RDONLY | os.O_DIRECTORY)
+
+
+def test_open_nofollow_keeps_other_errors_as_oserror(tmp_path):
+    with pytest.raises(FileNotFoundError) as raised:
+        fsutil.open_nofollow(tmp_path / "missing", os.O_RDONLY)
+
+    assert raised.value.filename == str(tmp_path / "missing")
+
+
+def test_open_nofollow_opens_a_real_directory_with_o_directory(tmp_path):
+    fd = fsutil.open_nofollow(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert stat.S_ISDIR(os.fstat(fd).st_mode)
+    finally:
+        os.close(fd)
+
+
+def test_open_nofollow_keeps_enotdir_for_a_file_opened_as_a_directory(tmp_path):
+    (tmp_path / "file").write_text("x")
+
+    with pytest.raises(NotADirectoryError):
+        fsutil.open_nofollow(tmp_path / "file", os.O_RDONLY | os.O_DIRECTORY)
+
+
+# atomic_write
+
+
+def _listing(directory):
+    return sorted(path.name for path in directory.iterdir())
+
+
+def test_atomic_write_creates_the_file_with_the_bytes_and_mode_0644(tmp_path):
+    fsutil.atomic_write(tmp_path / "module.lua", b"root = 1\n")
+
+    assert (tmp_path / "module.lua").read_bytes() == b"root = 1\n"
+    assert stat.S_IMODE((tmp_path / "module.lua").stat().st_mode) == 0o644
+    assert _listing(tmp_path) == ["module.lua"]
+
+
+def test_atomic_write_sets_the_requested_mode_whatever_the_umask(tmp_path):
+    old_umask = os.umask(0o077)
+    try:
+        fsutil.atomic_write(tmp_path / "wide", b"x", mode=0o664)
+        fsutil.atomic_write(tmp_path / "narrow", b"x", mode=0o600)
+    finally:
+        os.umask(old_umask)
+
+    assert stat.S_IMODE((tmp_path / "wide").stat().st_mode) == 0o664
+    assert stat.S_IMODE((tmp_path / "narrow").stat().st_mode) == 0o600
+
+
+def test_atomic_write_replaces_the_inode_so_an_open_reader_keeps_the_old_bytes(tmp_path):
+    target = tmp_path / "journal.json"
+    target.write_bytes(b"old")
+    old_ino = target.stat().st_ino
+
+    with target.open("rb") as reader:
+        fsutil.atomic_write(target, b"new")
+        assert reader.read() == b"old"
+
+    assert target.read_bytes() == b"new"
+    assert target.stat().st_ino != old_ino
+    assert _listing(tmp_path) == ["journal.json"]
+
+
+def test_atomic_write_takes_a_random_temp_name_in_the_target_directory(tmp_path, monkeypatch):
+    # The temporary name exists only inside the call; a spy on os.replace (which still
+    # performs the real rename) is the only place it can be seen from a test.
+    sources = []
+    real_replace = os.replace
+
+    def spy(source, target):
+        sources.append(source)
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "replace", spy)
+    fsutil.atomic_write(tmp_path / "state", b"1")
+    fsutil.atomic_write(tmp_path / "state", b"2")
+
+    assert [os.path.dirname(source) for source in sources] == [str(tmp_path)] * 2
+    assert all(os.path.basename(source).startswith(".state.") for source in sources)
+    assert sources[0] != sources[1]
+    assert (tmp_path / "state").read_bytes() == b"2"
+
+
+def test_atomic_write_does_not_write_through_a_planted_hard_link(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    for fixed_name in ("state.tmp", ".state.tmp", "state.new", ".state"):
+        os.link(victim, tmp_path / fixed_name)
+
+    fsutil.atomic_write(tmp_path / "state", b"payload")
+
+    assert victim.read_bytes() == b"precious"
+    assert victim.stat().st_nlink == 5
+    assert (tmp_path / "state").read_bytes() == b"payload"
+
+
+def test_atomic_write_refuses_a_symlink_and_leaves_link_and_target(tmp_path):
+    (tmp_path / "target").write_bytes(b"keep")
+    (tmp_path / "link").symlink_to("target")
+
+    with pytest.raises(errors.UsageError, match=f"{tmp_path}/link is a symbolic link"):
+        fsutil.atomic_write(tmp_path / "link", b"new")
+
+    assert os.readlink(tmp_path / "link") == "target"
+    assert (tmp_path / "target").read_bytes() == b"keep"
+    assert _listing(tmp_path) == ["link", "target"]
+
+
+def test_atomic_write_refuses_a_dangling_symlink(tmp_path):
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+
+    with pytest.raises(errors.UsageError, match="is a symbolic link"):
+        fsutil.atomic_write(tmp_path / "link", b"new")
+
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_atomic_write_unlinks_the_temp_file_when_the_write_fails(tmp_path):
+    (tmp_path / "state").write_bytes(b"old")
+
+    with pytest.raises(TypeError):
+        fsutil.atomic_write(tmp_path / "state", "text, not bytes")
+
+    assert (tmp_path / "state").read_bytes() == b"old"
+    assert _listing(tmp_path) == ["state"]
+
+
+def test_atomic_write_unlinks_the_temp_file_when_the_replace_fails(tmp_path):
+    (tmp_path / "occupied").mkdir()
+    (tmp_path / "occupied" / "inside").write_text("x")
+
+    with pytest.raises(IsADirectoryError):
+        fsutil.atomic_write(tmp_path / "occupied", b"new")
+
+    assert _listing(tmp_path) == ["occupied"]
+    assert (tmp_path / "occupied" / "inside").read_text() == "x"
+
+
+def test_atomic_write_into_a_missing_directory_raises_and_creates_nothing(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        fsutil.atomic_write(tmp_path / "missing" / "state", b"x")
+
+    assert _listing(tmp_path) == []
+
+
+def test_atomic_write_docstring_explains_the_order():
+    numbered = [
+        line.strip()
+        for line in fsutil.atomic_write.__doc__.splitlines()
+        if line.strip()[:2] in {f"{n}." for n in range(1, 10)}
+    ]
+    expected = ["mkstemp", "flush", "fchmod", "``fsync`` the file", "os.replace", "``fsync`` the directory"]
+
+    assert len(numbered) == len(expected)
+    assert all(word in line for word, line in zip(expected, numbered))
+    assert "hard link" in fsutil.atomic_write.__doc__
+
+
+# atomic_write_json
+
+
+def test_atomic_write_json_writes_sorted_indented_json_with_a_newline(tmp_path):
+    fsutil.atomic_write_json(tmp_path / "journal.json", {"steps": ["a"], "run_id": "r1"})
+
+    text = (tmp_path / "journal.json").read_text()
+    assert text == '{\n  "run_id": "r1",\n  "steps": [\n    "a"\n  ]\n}\n'
+    assert json.loads(text) == {"steps": ["a"], "run_id": "r1"}
+    assert stat.S_IMODE((tmp_path / "journal.json").stat().st_mode) == 0o644
+
+
+def test_atomic_write_json_passes_the_mode(tmp_path):
+    fsutil.atomic_write_json(tmp_path / "journal.json", [], mode=0o600)
+
+    assert stat.S_IMODE((tmp_path / "journal.json").stat().st_mode) == 0o600
+
+
+def test_atomic_write_json_of_an_unserialisable_object_writes_nothing(tmp_path):
+    (tmp_path / "journal.json").write_text("{}\n")
+
+    with pytest.raises(TypeError):
+        fsutil.atomic_write_json(tmp_path / "journal.json", {"when": object()})
+
+    assert (tmp_path / "journal.json").read_text() == "{}\n"
+    assert _listing(tmp_path) == ["journal.json"]
+
+
+def test_atomic_write_json_refuses_a_symlink(tmp_path):
+    (tmp_path / "real.json").write_text("{}\n")
+    (tmp_path / "journal.json").symlink_to("real.json")
+
+    with pytest.raises(errors.UsageError, match=r"journal\.json is a symbolic link"):
+        fsutil.atomic_write_json(tmp_path / "journal.json", {"a": 1})
+
+    assert (tmp_path / "real.json").read_text() == "{}\n"
+
+
+# refuse_symlink_components
+
+
+def test_refuse_symlink_components_accepts_a_path_without_links(tmp_path):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "file").write_text("x")
+
+    assert fsutil.refuse_symlink_components(tmp_path / "a" / "b" / "file") is None
+
+
+def test_refuse_symlink_components_accepts_a_missing_tail(tmp_path):
+    (tmp_path / "a").mkdir()
+
+    assert fsutil.refuse_symlink_components(tmp_path / "a" / "not" / "yet" / "there") is None
+
+
+def test_refuse_symlink_components_names_a_linked_middle_component(tmp_path):
+    (tmp_path / "real" / "b").mkdir(parents=True)
+    (tmp_path / "a").symlink_to("real")
+
+    with pytest.raises(errors.UsageError, match=f"^{tmp_path}/a is a symbolic link"):
+        fsutil.refuse_symlink_components(tmp_path / "a" / "b")
+
+
+def test_refuse_symlink_components_names_the_first_of_two_links(tmp_path):
+    (tmp_path / "real" / "inner").mkdir(parents=True)
+    (tmp_path / "real" / "link2").symlink_to("inner")
+    (tmp_path / "link1").symlink_to("real")
+
+    with pytest.raises(errors.UsageError, match=f"^{tmp_path}/link1 is a symbolic link"):
+        fsutil.refuse_symlink_components(tmp_path / "link1" / "link2" / "file")
+
+
+def test_refuse_symlink_components_refuses_a_link_as_the_last_component(tmp_path):
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "module.lua").symlink_to("file")
+
+    with pytest.raises(errors.UsageError, match=r"module\.lua is a symbolic link"):
+        fsutil.refuse_symlink_components(tmp_path / "module.lua")
+
+
+def test_refuse_symlink_components_refuses_a_dangling_last_link(tmp_path):
+    (tmp_path / "module.lua").symlink_to(tmp_path / "nowhere")
+
+    with pytest.raises(errors.UsageError, match=r"module\.lua is a symbolic link"):
+        fsutil.refuse_symlink_components(tmp_path / "module.lua")
+
+
+def test_refuse_symlink_components_refuses_a_link_above_a_missing_tail(tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "modules").symlink_to("elsewhere")
+
+    with pytest.raises(errors.UsageError, match=f"^{tmp_path}/modules is a symbolic link"):
+        fsutil.refuse_symlink_components(tmp_path / "modules" / "all" / "Name" / "1.0.lua")
+
+
+def test_refuse_symlink_components_walks_dotdot_as_written(tmp_path):
+    # abspath would turn link/../x into x and never look at the link the kernel follows.
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to("real")
+
+    with pytest.raises(errors.UsageError, match=f"^{tmp_path}/link is a symbolic link"):
+        fsutil.refuse_symlink_components(f"{tmp_path}/link/../x")
+
+
+def test_refuse_symlink_components_resolves_a_relative_path_from_the_cwd(tmp_path, monkeypatch):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to("real")
+    monkeypatch.chdir(tmp_path)
+
+    with pytest.raises(errors.UsageError, match=f"^{tmp_path}/link is a symbolic link"):
+        fsutil.refuse_symlink_components("link/state")
+    assert fsutil.refuse_symlink_components("real/state") is None
+
+
+def test_refuse_symlink_components_trusts_stop_at_and_checks_below_it(tmp_path):
+    (tmp_path / "site" / "Name" / "1.0").mkdir(parents=True)
+    (tmp_path / "software").symlink_to("site")
+    (tmp_path / "site" / "Name" / "2.0").symlink_to("1.0")
+
+    assert (
+        fsutil.refuse_symlink_components(
+            tmp_path / "software" / "Name" / "1.0", stop_at=tmp_path / "software"
+        )
+        is None
+    )
+    with pytest.raises(errors.UsageError, match=f"^{tmp_path}/software/Name/2.0 is a symbolic link"):
+        fsutil.refuse_symlink_components(
+            tmp_path / "software" / "Name" / "2.0", stop_at=tmp_path / "software"
+        )
+
+
+def test_refuse_symlink_components_refuses_a_path_outside_stop_at(tmp_path):
+    (tmp_path / "software").mkdir()
+
+    with pytest.raises(errors.UsageError, match=f"^{tmp_path}/other/x is not under {tmp_path}/software$"):
+        fsutil.refuse_symlink_components(tmp_path / "other" / "x", stop_at=tmp_path / "software")
+
+
+def test_refuse_symlink_components_stops_quietly_below_a_regular_file(tmp_path):
+    (tmp_path / "file").write_text("x")
+
+    assert fsutil.refuse_symlink_components(tmp_path / "file" / "child") is None
+
+
+def test_refuse_symlink_components_refuses_a_prefix_it_cannot_examine(tmp_path):
+    too_long = "n" * 300  # longer than NAME_MAX: lstat fails with ENAMETOOLONG
+
+    with pytest.raises(errors.UsageError, match=r"^cannot check .* for symbolic links: File name too long$"):
+        fsutil.refuse_symlink_components(tmp_path / too_long / "x")
+
+
+# tree_digest and changed_paths
+
+
+def _sha256(data):
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _sample_tree(root):
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "tool").write_bytes(b"#!/bin/sh\n")
+    (root / "lib" / "deep").mkdir(parents=True)
+    (root / "lib" / "deep" / "libx.so").write_bytes(b"\x7fELF")
+    (root / "PAYLOAD").write_bytes(b"old")
+    (root / "current").symlink_to("bin/tool")
+    return root
+
+
+def test_tree_digest_records_files_links_and_directories_sorted(tmp_path):
+    root = _sample_tree(tmp_path / "live")
+
+    record = fsutil.tree_digest(root)
+
+    assert record == {
+        "PAYLOAD": _sha256(b"old"),
+        "bin": "dir",
+        "bin/tool": _sha256(b"#!/bin/sh\n"),
+        "current": "link:bin/tool",
+        "lib": "dir",
+        "lib/deep": "dir",
+        "lib/deep/libx.so": _sha256(b"\x7fELF"),
+    }
+    assert list(record) == sorted(record)
+
+
+def test_tree_digest_of_an_empty_directory_is_empty(tmp_path):
+    assert fsutil.tree_digest(tmp_path) == {}
+
+
+def test_tree_digest_does_not_follow_a_link_out_of_the_tree(tmp_path):
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret").write_text("x")
+    (tmp_path / "live").mkdir()
+    (tmp_path / "live" / "escape").symlink_to(tmp_path / "outside")
+    (tmp_path / "live" / "file_link").symlink_to(tmp_path / "outside" / "secret")
+
+    assert fsutil.tree_digest(tmp_path / "live") == {
+        "escape": f"link:{tmp_path}/outside",
+        "file_link": f"link:{tmp_path}/outside/secret",
+    }
+
+
+def test_tree_digest_records_a_fifo_without_opening_it(tmp_path):
+    os.mkfifo(tmp_path / "pipe")
+
+    assert fsutil.tree_digest(tmp_path) == {"pipe": f"other:{stat.S_IFIFO:o}"}
+
+
+def test_tree_digest_refuses_a_missing_root(tmp_path):
+    with pytest.raises(errors.UsageError, match=f"^{tmp_path}/missing does not exist"):
+        fsutil.tree_digest(tmp_path / "missing")
+
+
+def test_tree_digest_refuses_a_root_that_is_a_symlink(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "live").symlink_to("real")
+
+    with pytest.raises(errors.UsageError, match=f"^{tmp_path}/live is not a directory"):
+        fsutil.tree_digest(tmp_path / "live")
+
+
+def test_tree_digest_refuses_a_root_that_is_a_file(tmp_path):
+    (tmp_path / "file").write_text("x")
+
+    with pytest.raises(errors.UsageError, match="is not a directory"):
+        fsutil.tree_digest(tmp_path / "file")
+
+
+def test_changed_paths_reports_added_removed_and_changed_sorted():
+    before = {"a": "dir", "a/kept": "sha256:1", "a/edited": "sha256:2", "gone": "sha256:3"}
+    after = {"a": "dir", "a/kept": "sha256:1", "a/edited": "sha256:9", "new": "link:x"}
+
+    assert fsutil.changed_paths(before, after) == ["a/edited", "gone", "new"]
+
+
+def test_changed_paths_of_identical_records_is_empty(tmp_path):
+    root = _sample_tree(tmp_path / "live")
+
+    assert fsutil.changed_paths(fsutil.tree_digest(root), fsutil.tree_digest(root)) == []
+
+
+def test_changed_paths_sees_same_size_content_changes_and_retyped_entries(tmp_path):
+    root = _sample_tree(tmp_path / "live")
+    before = fsutil.tree_digest(root)
+    (root / "PAYLOAD").write_bytes(b"new")  # same size, same name: only the hash differs
+    (root / "bin" / "tool").unlink()
+    (root / "bin" / "tool").symlink_to("/bin/true")
+    (root / "lib" / "deep" / "libx.so").unlink()
+    (root / "added").write_bytes(b"")
+
+    after = fsutil.tree_digest(root)
+
+    assert fsutil.changed_paths(before, after) == ["PAYLOAD", "added", "bin/tool", "lib/deep/libx.so"]

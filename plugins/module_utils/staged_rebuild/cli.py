@@ -1,0 +1,278 @@
+# Copyright: hpcstack.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The ``eb-staged-rebuild`` command.
+
+    eb-staged-rebuild [--state-root DIR] [--lock-timeout S] [--json] [--debug] COMMAND ...
+
+Every command returns a plain result dict that is printed as text, or as one JSON document
+with ``--json`` (what the Ansible modules return). Expected errors print one line,
+``eb-staged-rebuild: <message>``, and exit 2; a traceback only with ``--debug``. Exit 1
+means done, with warnings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+
+from ..common import errors, locking
+from . import faults as faults_module
+from . import gc as gc_module
+from . import journal as journals
+from . import paths, probe, rebuild, resume, retire, rollback, status
+
+PROG = "eb-staged-rebuild"
+
+
+class Terminated(errors.HpcstackError):
+    """SIGTERM arrived; raised so that the transaction's reversal runs."""
+
+
+def _env_float(name, default):
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise errors.UsageError(f"{name}={value!r} is not a number") from None
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Rebuild EasyBuild installs beside the live tree and swap them in atomically."
+    )
+    parser.add_argument(
+        "--state-root",
+        default=os.environ.get("EB_STAGED_REBUILD_STATE_ROOT"),
+        help="journals, locks and backups (default: $EB_STAGED_REBUILD_STATE_ROOT)",
+    )
+    parser.add_argument(
+        "--lock-timeout",
+        type=float,
+        default=0.0,
+        help="seconds to wait for the state-root lock (default 0: refuse at once)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+
+    build = commands.add_parser("rebuild", help="build a replacement beside the live install and swap it in")
+    build.add_argument("--installpath", default=os.environ.get("EASYBUILD_INSTALLPATH"))
+    build.add_argument("--installpath-software", default=os.environ.get("EASYBUILD_INSTALLPATH_SOFTWARE"))
+    build.add_argument("--installpath-modules", default=os.environ.get("EASYBUILD_INSTALLPATH_MODULES"))
+    build.add_argument("--module", action="append", default=[], metavar="NAME/VERSION", dest="modules")
+    build.add_argument("--backend", default="auto")
+    build.add_argument("--eb", default=os.environ.get("EB_STAGED_REBUILD_EB") or shutil.which("eb") or "eb")
+    build.add_argument("--run-id")
+    build.add_argument("--skip-live-check", action="store_true")
+    build.add_argument("--prepare", metavar="CMD")
+    build.add_argument("--ledger-config", metavar="FILE")
+    build.add_argument("--dry-run", action="store_true")
+    build.add_argument("eb_args", nargs=argparse.REMAINDER, help="-- then EasyBuild's arguments")
+    build.set_defaults(func=cmd_rebuild)
+
+    again = commands.add_parser("resume", help="finish or reverse interrupted runs")
+    again.add_argument("run_id", nargs="?")
+    again.set_defaults(func=cmd_resume)
+
+    back = commands.add_parser("rollback", help="put the previous tree (or a retired module file) back")
+    back.add_argument("run_id")
+    back.set_defaults(func=cmd_rollback)
+
+    ret = commands.add_parser("retire", help="move a module file out of MODULEPATH's way")
+    ret.add_argument("module_file")
+    ret.add_argument("--reason", required=True)
+    ret.set_defaults(func=cmd_retire)
+
+    collect = commands.add_parser("gc", help="remove retired trees after the grace period")
+    collect.add_argument("--grace-hours", type=float, default=None)
+    collect.add_argument("--dry-run", action="store_true")
+    collect.set_defaults(func=cmd_gc)
+
+    show = commands.add_parser("status", help="list runs, or show one")
+    show.add_argument("run_id", nargs="?")
+    show.set_defaults(func=cmd_status)
+
+    look = commands.add_parser("probe", help="what the filesystem at --path and this host can do")
+    look.add_argument("--path", required=True)
+    look.set_defaults(func=cmd_probe)
+    return parser
+
+
+def _state_root(args):
+    if not args.state_root:
+        raise errors.UsageError("no state root: give --state-root DIR or set EB_STAGED_REBUILD_STATE_ROOT")
+    return os.path.abspath(args.state_root)
+
+
+def _existing_state_root(args):
+    state_root = _state_root(args)
+    if not os.path.isdir(os.path.join(state_root, "runs")):
+        raise errors.UsageError(f"state root {state_root} has no runs (nothing was ever published with it)")
+    paths.prepare_state_root(state_root)
+    return state_root
+
+
+def _request(args):
+    if args.installpath_software or args.installpath_modules:
+        if not (args.installpath_software and args.installpath_modules):
+            raise errors.UsageError("--installpath-software and --installpath-modules go together")
+        software, modules = args.installpath_software, args.installpath_modules
+    elif args.installpath:
+        software, modules = (
+            os.path.join(args.installpath, "software"),
+            os.path.join(args.installpath, "modules"),
+        )
+    else:
+        raise errors.UsageError("no install path: give --installpath DIR (or set EASYBUILD_INSTALLPATH)")
+    eb_args = args.eb_args[1:] if args.eb_args[:1] == ["--"] else args.eb_args
+    return {
+        "software": os.path.abspath(software),
+        "modules": os.path.abspath(modules),
+        "modules_requested": args.modules,
+        "backend": args.backend,
+        "eb": os.path.abspath(args.eb) if os.sep in args.eb else (shutil.which(args.eb) or args.eb),
+        "eb_args": eb_args,
+        "run_id": args.run_id,
+        "skip_live_check": args.skip_live_check,
+        "prepare": args.prepare,
+        "ledger_config": os.path.abspath(args.ledger_config) if args.ledger_config else None,
+        "lock_timeout": args.lock_timeout,
+    }
+
+
+def _progress(args):
+    def show(line):
+        if not args.json or line.startswith(PROG + ":"):
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+
+    return show
+
+
+def cmd_rebuild(args):
+    request = _request(args)
+    if args.dry_run:
+        return rebuild.dry_run(request)
+    return rebuild.rebuild(
+        request, _state_root(args), faults_module.Faults(), _progress(args), dict(os.environ)
+    )
+
+
+def _rebuilder(args):
+    def again(journal):
+        trees = paths.Trees(**journal.data["trees"])
+        return rebuild.build_and_publish(
+            journal, trees, faults_module.Faults(), _progress(args), dict(os.environ)
+        )
+
+    return again
+
+
+def cmd_resume(args):
+    state_root = _existing_state_root(args)
+    with locking.StateLock(state_root, args.lock_timeout):
+        runs = [journals.find(state_root, args.run_id)] if args.run_id else journals.run_journals(state_root)
+        results = [
+            resume.resume_run(
+                journal,
+                paths.Trees(**journal.data["trees"]) if "trees" in journal.data else None,
+                _rebuilder(args),
+            )
+            for journal in runs
+        ]
+    return {"changed": any(result["changed"] for result in results), "runs": results}
+
+
+def cmd_rollback(args):
+    state_root = _existing_state_root(args)
+    paths.check_run_id(args.run_id)
+    with locking.StateLock(state_root, args.lock_timeout):
+        journal = journals.find(state_root, args.run_id)
+        if journal.data["kind"] == "retire":
+            return retire.rollback_retire(journal)
+        return rollback.rollback(journal, paths.Trees(**journal.data["trees"]), faults_module.Faults())
+
+
+def cmd_retire(args):
+    state_root = paths.prepare_state_root(_state_root(args))
+    with locking.StateLock(state_root, args.lock_timeout):
+        return retire.retire(state_root, args.module_file, args.reason)
+
+
+def cmd_gc(args):
+    state_root = _existing_state_root(args)
+    grace = args.grace_hours
+    if grace is None:
+        grace = _env_float("EB_STAGED_REBUILD_GRACE_HOURS", gc_module.DEFAULT_GRACE_HOURS)
+    if grace < 0:
+        raise errors.UsageError("--grace-hours must not be negative")
+    with locking.StateLock(state_root, args.lock_timeout):
+        return gc_module.gc(state_root, grace_hours=grace, dry_run=args.dry_run)
+
+
+def cmd_status(args):
+    return status.status(_existing_state_root(args), args.run_id)
+
+
+def cmd_probe(args):
+    return probe.probe(args.path)
+
+
+def _text(result):
+    """A result dict as lines a person reads (``--json`` prints it whole instead)."""
+    lines = []
+    for key, value in result.items():
+        if isinstance(value, list):
+            lines.append(f"{key}:")
+            lines.extend(
+                "  " + (json.dumps(item, sort_keys=True) if isinstance(item, dict) else str(item))
+                for item in value
+            )
+        elif isinstance(value, dict):
+            lines.append(f"{key}: {json.dumps(value, sort_keys=True)}")
+        else:
+            lines.append(f"{key}: {value}")
+    return "\n".join(lines) + "\n"
+
+
+def _exit_code(result):
+    return errors.EXIT_WARNINGS if result.get("warnings") or result.get("interrupted") else errors.EXIT_OK
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated(f"terminated by signal {signum}; completed steps were reversed")
+
+
+def main(argv=None):
+    """Run the command; return the exit status (0 ok, 1 warnings, 2 error)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        result = args.func(args)
+    except errors.HpcstackError as err:
+        if args.debug:
+            raise
+        sys.stderr.write(f"{PROG}: {err}\n")
+        return err.exit_code
+    except OSError as err:
+        if args.debug:
+            raise
+        where = f" ({err.filename})" if err.filename else ""
+        sys.stderr.write(f"{PROG}: {err.strerror or err}{where}\n")
+        return errors.EXIT_ERROR
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    sys.stdout.write(json.dumps(result, sort_keys=True) + "\n" if args.json else _text(result))
+    return _exit_code(result)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

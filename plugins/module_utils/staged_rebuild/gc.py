@@ -1,0 +1,124 @@
+# Copyright: hpcstack.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""``gc``: remove retired trees once no job can still be running from them.
+
+Only the hidden sibling that a directory-swap journal recorded (``<software>/<Name>/
+.<version>.<run_id>``) is ever removed, and only after the grace period (default 144 h:
+a 120-hour walltime plus 24 hours; set it to the site's limit) counted from the run's last
+change of state. The stable path is never removed. A retired module's software directory is
+reported, never deleted: ``keep`` while a tracked module file still resolves inside it or
+the grace period runs, then ``manual``. Deleting it from a retire record would let one
+wrong journal entry remove a directory a job outside this tool still has open.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+
+from ..common import errors
+from . import journal as journals
+from . import modulefile, paths
+
+DEFAULT_GRACE_HOURS = 144.0
+
+
+def _parse(stamp):
+    return datetime.datetime.fromisoformat(stamp)
+
+
+def _elapsed(journal, now, grace):
+    since = journal.data.get("state_since") or journal.data["created"]
+    return now - _parse(since) >= grace
+
+
+def _is_recorded_sibling(entry, run_id):
+    """The retired path must be the run's hidden sibling of the stable path, nothing else."""
+    retired, stable = os.path.normpath(entry["retired_path"]), os.path.normpath(entry["stable_path"])
+    return (
+        os.path.dirname(retired) == os.path.dirname(stable)
+        and os.path.basename(retired) == f".{os.path.basename(stable)}.{run_id}"
+    )
+
+
+def _tracked_roots(runs):
+    """Install dirs that tracked module files resolve to: live modules of publish runs and
+    the original path of any retire that was rolled back or interrupted."""
+    files = set()
+    for journal in runs:
+        if journal.data["kind"] == "publish":
+            files.update(entry["module_file"] for entry in journal.modules)
+        elif journal.state in ("rolled_back", "retiring"):
+            files.add(journal.data["module_file"])
+    roots = set()
+    for path in files:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                root = modulefile.parse_root(handle.read())
+        except OSError:
+            continue
+        if root:
+            roots.add(os.path.normpath(root))
+    return roots
+
+
+def _collect_siblings(journal, now, grace, dry_run, report):
+    """Remove (or, in a dry run, list) the hidden siblings one publish run recorded."""
+    old_enough = _elapsed(journal, now, grace)
+    for entry in journal.modules:
+        sibling = entry["retired_path"]
+        if not os.path.lexists(sibling):
+            continue
+        if not _is_recorded_sibling(entry, journal.run_id) or os.path.islink(sibling):
+            raise errors.JournalError(
+                f"run {journal.run_id} records {sibling}, which is not a hidden sibling of "
+                f"{entry['stable_path']}; gc stops"
+            )
+        if not old_enough:
+            report["kept"].append({"path": sibling, "run_id": journal.run_id, "why": "grace period"})
+            continue
+        if not dry_run:
+            shutil.rmtree(sibling)
+        report["removed"].append({"path": sibling, "run_id": journal.run_id})
+    generation = paths.Trees(**journal.data["trees"]).generation(journal.run_id)
+    if old_enough and not dry_run and os.path.isdir(generation) and not os.path.islink(generation):
+        shutil.rmtree(generation)
+
+
+def _report_retired(journal, roots, now, grace, report):
+    """A retired module's software directory: ``keep`` or ``manual``, never deleted."""
+    software_dir = os.path.normpath(journal.data["software_dir"])
+    in_use = any(root == software_dir or root.startswith(software_dir + "/") for root in roots)
+    retired_at = journal.data.get("state_since") or journal.data["created"]
+    if in_use or now - _parse(retired_at) < grace:
+        why = "a tracked module file uses it" if in_use else "grace period"
+        report["kept"].append({"path": software_dir, "run_id": journal.run_id, "why": why})
+    else:
+        why = "retired; no tracked module uses it: delete it by hand when sure"
+        report["manual"].append({"path": software_dir, "run_id": journal.run_id, "why": why})
+
+
+def gc(state_root, grace_hours=DEFAULT_GRACE_HOURS, dry_run=False, now=None):
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    grace = datetime.timedelta(hours=grace_hours)
+    runs = journals.run_journals(state_root)
+    report = {"removed": [], "kept": [], "manual": [], "interrupted": []}
+    for journal in runs:
+        if journal.state in journals.INTERRUPTED:
+            command = "rollback " + journal.run_id if journal.data["kind"] == "retire" else "resume"
+            report["interrupted"].append(
+                {
+                    "run_id": journal.run_id,
+                    "state": journal.state,
+                    "why": f"interrupted: 'eb-staged-rebuild {command}'",
+                }
+            )
+        elif journal.data["kind"] == "publish":
+            _collect_siblings(journal, now, grace, dry_run, report)
+    roots = _tracked_roots(runs)
+    for journal in runs:
+        if journal.data["kind"] == "retire" and journal.state == "retired":
+            _report_retired(journal, roots, now, grace, report)
+    report.update({"changed": bool(report["removed"]) and not dry_run, "dry_run": dry_run})
+    return report

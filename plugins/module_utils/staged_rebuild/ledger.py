@@ -1,0 +1,91 @@
+# Copyright: hpcstack.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The optional ledger: one JSON line per published module, appended under the lock.
+
+``--ledger-config FILE`` names a JSON object ``{"path": "<ledger.jsonl>", "site": "<label>"}``.
+A run with a ledger writes journal schema 4. The append is an operation of the publish
+transaction: its inverse truncates the ledger back to its length before the append, so a
+publish that fails after it leaves no record of a tree that never went live.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+
+from ..common import errors, fsutil
+from . import journal as journals
+
+
+def load_config(path):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            config = json.load(handle)
+    except OSError as err:
+        raise errors.UsageError(f"cannot read --ledger-config {path}: {err.strerror}") from None
+    except ValueError:
+        raise errors.UsageError(f"--ledger-config {path} is not JSON") from None
+    if not isinstance(config, dict) or not isinstance(config.get("path"), str) or not config["path"]:
+        raise errors.UsageError(
+            f'--ledger-config {path} needs {{"path": "<ledger.jsonl>", "site": "<label>"}}'
+        )
+    if not os.path.isabs(config["path"]):
+        raise errors.UsageError("--ledger-config {}: path {!r} is not absolute".format(path, config["path"]))
+    return {"path": config["path"], "site": str(config.get("site", ""))}
+
+
+def _sha256(path):
+    with open(path, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()
+
+
+def records(journal, config):
+    published_at = journals.now()
+    lines = []
+    for entry in journal.modules:
+        easyconfigs = sorted(glob.glob(os.path.join(entry["stable_path"], "easybuild", "*.eb")))
+        lines.append(
+            {
+                "name": entry["name"],
+                "version": entry["version"],
+                "stable_path": entry["stable_path"],
+                "run_id": journal.run_id,
+                "site": config["site"],
+                "started_at": journal.data["created"],
+                "published_at": published_at,
+                "module_file": entry["module_file"],
+                "module_sha256": entry["new_module_sha256"],
+                "easyconfig_sha256": _sha256(easyconfigs[0]) if easyconfigs else None,
+                "retired_path": entry["retired_path"],
+            }
+        )
+    return lines
+
+
+def append(config, lines):
+    """Append ``lines`` durably; return the ledger's length before, for the inverse."""
+    path = config["path"]
+    fsutil.refuse_symlink_components(path)
+    created = not os.path.exists(path)
+    fd = fsutil.open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        before = os.fstat(fd).st_size
+        data = "".join(json.dumps(line, sort_keys=True) + "\n" for line in lines).encode("utf-8")
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if created:
+        fsutil.fsync_dir(os.path.dirname(path))
+    return before
+
+
+def truncate(config, length):
+    fd = fsutil.open_nofollow(config["path"], os.O_WRONLY, 0o644)
+    try:
+        os.ftruncate(fd, length)
+        os.fsync(fd)
+    finally:
+        os.close(fd)

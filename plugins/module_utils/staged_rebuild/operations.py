@@ -1,0 +1,84 @@
+# Copyright: hpcstack.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The reversible operations of a transaction, each with its inverse.
+
+A publish is a sequence of these (swap every directory, then write every module file and
+class link); rollback and the reversal of a failed publish run the inverses in the
+opposite order. Each function does one thing to the disk and nothing to the journal: the
+caller journals the step before calling it.
+"""
+
+from __future__ import annotations
+
+import binascii
+import os
+
+from ..common import errors, fsutil
+from . import modulefile, swap
+
+
+def exchange(entry, on_step=None):
+    """Swap the staged sibling and the live directory; the sibling then holds the other tree."""
+    return swap.exchange(entry["retired_path"], entry["stable_path"], on_step=on_step)
+
+
+def write_module(entry):
+    """Put the prepared module file live, keeping the live file's owner, mode and ACLs."""
+    with open(entry["prepared_module"], "rb") as handle:
+        modulefile.replace_keeping_metadata(entry["module_file"], handle.read())
+
+
+def restore_module(entry):
+    """Put the backed-up module file back; remove the new one when there was none before."""
+    if entry.get("module_backup"):
+        modulefile.restore_file(entry["module_backup"], entry["module_file"])
+    elif os.path.lexists(entry["module_file"]):
+        os.unlink(entry["module_file"])
+        fsutil.fsync_dir(os.path.dirname(entry["module_file"]))
+
+
+def class_link_path(trees, entry, module_class):
+    return os.path.join(trees.modules, module_class, entry["name"], os.path.basename(entry["module_file"]))
+
+
+def set_class_link(trees, entry, module_class):
+    """Point ``modules/<class>/Name/<file>`` at the live module file (absolute, as EasyBuild does).
+
+    Returns what was there before (a link target, or None) so the inverse can restore it.
+    """
+    link = class_link_path(trees, entry, module_class)
+    previous = os.readlink(link) if os.path.islink(link) else None
+    if os.path.lexists(link) and previous is None:
+        raise errors.PublishError(f"module-class link {link} is not a symlink; refusing to replace it")
+    if previous == entry["module_file"]:
+        return previous
+    _replace_link(link, entry["module_file"])
+    return previous
+
+
+def restore_class_link(trees, entry, module_class, previous):
+    link = class_link_path(trees, entry, module_class)
+    if previous is None:
+        if os.path.islink(link):
+            os.unlink(link)
+            fsutil.fsync_dir(os.path.dirname(link))
+    elif not os.path.islink(link) or os.readlink(link) != previous:
+        _replace_link(link, previous)
+
+
+def _replace_link(link, target):
+    """Replace ``link`` by a symlink to ``target`` in one rename (a temp name, then os.replace)."""
+    directory = os.path.dirname(link)
+    os.makedirs(directory, exist_ok=True)
+    # A random name: symlink() fails rather than follow or reuse an existing entry.
+    temp = os.path.join(
+        directory, f".{os.path.basename(link)}.{binascii.hexlify(os.urandom(8)).decode()}.tmp"
+    )
+    os.symlink(target, temp)
+    try:
+        os.replace(temp, link)
+    except BaseException:
+        if os.path.lexists(temp):
+            os.unlink(temp)
+        raise
+    fsutil.fsync_dir(directory)

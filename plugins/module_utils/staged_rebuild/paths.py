@@ -1,0 +1,149 @@
+# Copyright: hpcstack.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Where things are: the live trees, a module's paths, the state root, and the refusals.
+
+A live install is ``<software>/<Name>/<version>``; its module file is
+``<modules>/all/<Name>/<version>.lua`` (or the Tcl file ``<version>``). A run stages the
+new install as the hidden sibling ``<software>/<Name>/.<version>.<run_id>``: the exchange
+then leaves the old tree under that same name, which is the retired path. Being a sibling
+keeps stage and live on one filesystem, which the exchange needs.
+
+Every path given by the user or parsed from a file is checked before use: a module name
+cannot leave its root, and no component of a module path or of the state root may be a
+symlink (a link would let one wrong entry redirect a swap or a delete elsewhere).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+
+from ..common import errors, fsutil
+
+# One path component of a module name: what EasyBuild writes (Name, version-toolchain).
+_COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+GENERATIONS = ".eb-staged-rebuild"
+
+
+class Trees:
+    """The live software root and module root (``<installpath>/software``, ``.../modules``)."""
+
+    def __init__(self, software, modules):
+        self.software = os.path.abspath(software)
+        self.modules = os.path.abspath(modules)
+
+    @classmethod
+    def from_installpath(cls, installpath):
+        return cls(os.path.join(installpath, "software"), os.path.join(installpath, "modules"))
+
+    @property
+    def modules_all(self):
+        return os.path.join(self.modules, "all")
+
+    def generation(self, run_id):
+        """The run's build area, inside the software root so its trees move by rename."""
+        return os.path.join(self.software, GENERATIONS, run_id)
+
+    def as_dict(self):
+        return {"software": self.software, "modules": self.modules}
+
+
+def parse_module(value):
+    """``Name/version`` -> ``(name, version)``; anything that could leave a root is refused."""
+    parts = value.split("/")
+    if len(parts) != 2 or not all(_COMPONENT.match(part) for part in parts):
+        raise errors.UsageError(
+            f"--module {value!r} is not NAME/VERSION of plain names (no '..', no '/', no leading '.')"
+        )
+    return parts[0], parts[1]
+
+
+def check_run_id(run_id):
+    if not RUN_ID.match(run_id) or run_id in (".", ".."):
+        raise errors.UsageError(f"run id {run_id!r} is not a plain name ([A-Za-z0-9._-], at most 128)")
+    return run_id
+
+
+def _inside(path, root):
+    path, root = os.path.normpath(path), os.path.normpath(root)
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def require_inside(path, root, what):
+    """Refuse ``path`` (e.g. parsed from a module file) unless it lies under ``root``."""
+    if not os.path.isabs(path) or not _inside(path, root) or ".." in path.split("/"):
+        raise errors.UsageError(f"{what} {path} leaves {root}")
+    return os.path.normpath(path)
+
+
+class ModulePaths:
+    """The paths of one module in the live trees and in a run."""
+
+    def __init__(self, trees, name, version, run_id):
+        self.trees = trees
+        self.name = name
+        self.version = version
+        self.run_id = run_id
+        self.stable_path = os.path.join(trees.software, name, version)
+        self.retired_path = os.path.join(trees.software, name, f".{version}.{run_id}")
+        self.module_dir = os.path.join(trees.modules_all, name)
+
+    @property
+    def module(self):
+        return f"{self.name}/{self.version}"
+
+    def module_file(self):
+        """The live module file: the Lua file, else an existing Tcl file, else where Lua goes."""
+        lua = os.path.join(self.module_dir, self.version + ".lua")
+        tcl = os.path.join(self.module_dir, self.version)
+        if not os.path.lexists(lua) and os.path.lexists(tcl):
+            return tcl
+        return lua
+
+    def staged_build(self, generation):
+        """Where the build in ``generation`` puts this module's install and module file."""
+        return (
+            os.path.join(generation, "software", self.name, self.version),
+            os.path.join(generation, "modules", "all", self.name, self.version + ".lua"),
+        )
+
+
+def require_live_dir(paths):
+    """The live ``Name/version`` must exist as a real directory: the swap needs two names."""
+    fsutil.refuse_symlink_components(paths.stable_path, stop_at=paths.trees.software)
+    try:
+        info = os.lstat(paths.stable_path)
+    except FileNotFoundError:
+        raise errors.UsageError(
+            f"{paths.module} is not installed: {paths.stable_path} does not exist "
+            "(a staged rebuild replaces an existing install)"
+        ) from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise errors.UsageError(f"{paths.stable_path} is not a directory")
+    return info
+
+
+def require_module_file_path(paths):
+    """Refuse a module path with a symlink component, also when the file is missing."""
+    module_file = paths.module_file()
+    fsutil.refuse_symlink_components(module_file, stop_at=paths.trees.modules)
+    return module_file
+
+
+def prepare_state_root(state_root):
+    """Create the state root (mode 0700) if needed; refuse it if any component is a link."""
+    state_root = os.path.abspath(state_root)
+    fsutil.refuse_symlink_components(state_root)
+    try:
+        os.makedirs(state_root, mode=0o700, exist_ok=True)
+    except OSError as err:
+        raise errors.UsageError(f"cannot create state root {state_root}: {err.strerror}") from None
+    if not os.path.isdir(state_root):
+        raise errors.UsageError(f"state root {state_root} is not a directory")
+    for sub in ("runs", "retired"):
+        path = os.path.join(state_root, sub)
+        fsutil.refuse_symlink_components(path)
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    return state_root

@@ -1,0 +1,200 @@
+# Copyright: hpcstack.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Turn a finished build in the run's generation into a publishable plan.
+
+For each module, in this order and each step journaled before it runs: the staged install
+must be complete; a run marker is written into it; the module file is prepared with
+``root`` set to the stable live path; the current live module file is recorded and backed
+up durably; the stage moves to its hidden sibling ``<software>/<Name>/.<version>.<run_id>``.
+Then the optional ``--prepare`` program runs, every staged tree must still carry build
+evidence, and the live trees must be as they were before the build. Nothing live has
+changed when the plan is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import stat
+import subprocess
+
+from ..common import errors, fsutil
+from . import modulefile, paths
+
+RUN_MARKER = ".eb-staged-rebuild-run"
+
+
+def has_build_evidence(install):
+    """A tree counts as built when it has the test builders' PAYLOAD or EasyBuild's easyconfig.
+
+    The run marker does not count: it is written by this tool, not by a build.
+    """
+    if os.path.isfile(os.path.join(install, "PAYLOAD")):
+        return True
+    return any(os.path.isfile(path) for path in glob.glob(os.path.join(install, "easybuild", "*.eb")))
+
+
+@contextlib.contextmanager
+def owner_write_window(directory):
+    """Give the owner write access to ``directory`` for the block, then restore its mode.
+
+    EasyBuild can seal an install (``--read-only-installdir``); writing the marker, and
+    moving the directory to another parent (which rewrites its ``..`` entry), both need
+    write access to the directory itself.
+    """
+    mode = stat.S_IMODE(os.lstat(directory).st_mode)
+    if mode & stat.S_IWUSR:
+        yield
+        return
+    os.chmod(directory, mode | stat.S_IWUSR)
+    try:
+        yield
+    finally:
+        os.chmod(directory, mode)
+
+
+def record_live(journal, entry, skip):
+    """Take the live-change record of one module: a SHA-256 of every live file, before the build."""
+    if skip:
+        entry["live_record"] = None
+        return
+    record_path = os.path.join(journal.run_dir, "live", entry["name"], entry["version"] + ".json")
+    os.makedirs(os.path.dirname(record_path), exist_ok=True)
+    fsutil.atomic_write_json(record_path, fsutil.tree_digest(entry["stable_path"]))
+    entry["live_record"] = record_path
+
+
+def check_live(entry):
+    """Refuse the swap when a live file changed since the build started, naming the files."""
+    if not entry.get("live_record"):
+        return
+    with open(entry["live_record"], encoding="utf-8") as handle:
+        before = json.load(handle)
+    changed = fsutil.changed_paths(before, fsutil.tree_digest(entry["stable_path"]))
+    if changed:
+        shown = ", ".join(changed[:10]) + (f" and {len(changed) - 10} more" if len(changed) > 10 else "")
+        raise errors.PublishError(
+            "the live tree {} changed during the build ({}); nothing was swapped "
+            "(--skip-live-check skips this check)".format(entry["stable_path"], shown)
+        )
+
+
+def _prepare_module(journal, entry, staged_install, staged_module):
+    try:
+        with open(staged_module, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as err:
+        raise errors.PublishError(f"the build wrote no module file {staged_module}: {err.strerror}") from None
+    built_root = modulefile.parse_root(text)
+    if built_root is None:
+        raise errors.PublishError(f"module file {staged_module} has no root assignment")
+    if os.path.normpath(built_root) not in (os.path.normpath(staged_install), entry["stable_path"]):
+        raise errors.PublishError(
+            f"module file {staged_module} names root {built_root}, not the staged install {staged_install}"
+        )
+    prepared = modulefile.with_root(text, entry["stable_path"]).encode("utf-8")
+    prepared_path = os.path.join(
+        journal.run_dir, "prepared", entry["name"], os.path.basename(entry["module_file"])
+    )
+    os.makedirs(os.path.dirname(prepared_path), exist_ok=True)
+    fsutil.atomic_write(prepared_path, prepared)
+    entry["prepared_module"] = prepared_path
+    entry["new_module_sha256"] = modulefile.module_hash(prepared)
+
+
+def _back_up_module(journal, entry):
+    module_file = entry["module_file"]
+    if os.path.islink(module_file):
+        raise errors.UsageError(f"module file {module_file} is a symlink; refusing to replace it")
+    if not os.path.lexists(module_file):
+        entry["module_backup"] = None
+        entry["old_module_sha256"] = None
+        return
+    with open(module_file, "rb") as handle:
+        old = handle.read()
+    backup = os.path.join(journal.run_dir, "backup", entry["name"], os.path.basename(module_file))
+    os.makedirs(os.path.dirname(backup), exist_ok=True)
+    fsutil.atomic_write(backup, old)
+    entry["module_backup"] = backup
+    entry["old_module_sha256"] = modulefile.module_hash(old)
+
+
+def _staged_class_links(generation, entry):
+    """Module-class links the build made (``modules/<class>/Name/version.lua``)."""
+    modules = os.path.join(generation, "modules")
+    base = os.path.basename(entry["module_file"])
+    links = []
+    for link in sorted(glob.glob(os.path.join(modules, "*", entry["name"], base))):
+        if os.path.relpath(link, modules).split(os.sep)[0] != "all" and os.path.islink(link):
+            links.append(os.path.relpath(link, modules).split(os.sep)[0])
+    return links
+
+
+def plan(journal, trees, generation, faults, *, prepare=None, env=None):
+    """Make every module of the journal ready to swap; refuse, changing nothing live, if one is not."""
+    journal.set_state("planning")
+    for entry in journal.modules:
+        module_paths = paths.ModulePaths(trees, entry["name"], entry["version"], journal.run_id)
+        staged_install, staged_module = module_paths.staged_build(generation)
+        if not os.path.isdir(staged_install) or not has_build_evidence(staged_install):
+            raise errors.PublishError(
+                "the build of {} is incomplete: {} has no PAYLOAD and no easybuild/*.eb".format(
+                    entry["module"], staged_install
+                )
+            )
+        faults.before("marker " + entry["module"])
+        step = journal.start("marker " + entry["module"])
+        with owner_write_window(staged_install):
+            fsutil.atomic_write(os.path.join(staged_install, RUN_MARKER), (journal.run_id + "\n").encode())
+        journal.finish(step)
+
+        faults.before("prepare-module " + entry["module"])
+        step = journal.start("prepare-module " + entry["module"])
+        _prepare_module(journal, entry, staged_install, staged_module)
+        entry["class_links"] = _staged_class_links(generation, entry)
+        journal.finish(step)
+
+        faults.before("backup " + entry["module"])
+        step = journal.start("backup " + entry["module"])
+        _back_up_module(journal, entry)
+        journal.finish(step)
+
+        faults.before("stage-move " + entry["module"])
+        step = journal.start("stage-move " + entry["module"])
+        with owner_write_window(staged_install):
+            os.rename(staged_install, entry["retired_path"])
+        fsutil.fsync_dir(os.path.dirname(staged_install))
+        fsutil.fsync_dir(os.path.dirname(entry["retired_path"]))
+        entry["stage_ino"] = os.lstat(entry["retired_path"]).st_ino
+        entry["live_ino"] = os.lstat(entry["stable_path"]).st_ino
+        journal.finish(step)
+
+    if prepare:
+        faults.before("prepare-program")
+        step = journal.start("prepare-program")
+        done = subprocess.run(prepare, shell=True, env=env, check=False, close_fds=True)  # noqa: S602
+        if done.returncode != 0:
+            raise errors.PublishError(
+                f"--prepare {prepare!r} exited with status {done.returncode}; nothing was swapped"
+            )
+        journal.finish(step)
+
+    for entry in journal.modules:
+        if not has_build_evidence(entry["retired_path"]):
+            raise errors.PublishError(
+                f"{entry['retired_path']} lost its build evidence (PAYLOAD or easybuild/*.eb) "
+                "before the swap; nothing was swapped"
+            )
+        check_live(entry)
+    order = modulefile.publish_order(
+        {entry["module"]: _read(entry["prepared_module"]) for entry in journal.modules}
+    )
+    journal.data["modules"] = sorted(journal.modules, key=lambda entry: order.index(entry["module"]))
+    journal.save()
+
+
+def _read(path):
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()

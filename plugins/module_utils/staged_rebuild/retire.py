@@ -1,0 +1,107 @@
+# Copyright: hpcstack.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Retire a module file whose package now lives elsewhere on MODULEPATH, and undo that.
+
+``retire`` moves the module file with one ``os.replace`` to
+``<state-root>/retired/<timestamp>/<absolute path without the leading />``, after fsyncing
+the file and both directories: a reader sees the module file or does not, a job that
+loaded it keeps its paths, and the software directory is not touched. A rename across
+filesystems is not atomic, so differing ``st_dev`` of the module directory and the
+destination is refused. The journal ``runs/retire-<timestamp>/`` is written ``retiring``
+before the rename and ``retired`` after it; ``rollback retire-<timestamp>`` moves the file
+back the same way and refuses to overwrite a module file that exists again.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import stat
+
+from ..common import errors, fsutil
+from . import journal as journals
+from . import modulefile
+
+
+def _timestamp():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+
+
+def _move(source, destination):
+    """One durable rename: fsync the file, rename, fsync both directories."""
+    fd = fsutil.open_nofollow(source, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(source, destination)
+    fsutil.fsync_dir(os.path.dirname(destination))
+    fsutil.fsync_dir(os.path.dirname(source))
+
+
+def retire(state_root, module_file, reason):
+    module_file = os.path.abspath(module_file)
+    fsutil.refuse_symlink_components(module_file)
+    try:
+        info = os.lstat(module_file)
+    except FileNotFoundError:
+        raise errors.UsageError(f"module file {module_file} does not exist (already retired?)") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise errors.UsageError(f"{module_file} is not a regular file; only a module file can be retired")
+    with open(module_file, "rb") as handle:
+        data = handle.read()
+    root = modulefile.parse_root(data.decode("utf-8", "replace"))
+    if root is None:
+        raise errors.UsageError(f"module file {module_file} has no root assignment; refusing to retire it")
+    if not reason or not reason.strip():
+        raise errors.UsageError("retire needs --reason TEXT")
+
+    stamp = _timestamp()
+    run_id = "retire-" + stamp
+    destination = os.path.join(state_root, "retired", stamp, module_file.lstrip("/"))
+    os.makedirs(os.path.dirname(destination), mode=0o700, exist_ok=True)
+    if os.stat(os.path.dirname(destination)).st_dev != os.stat(os.path.dirname(module_file)).st_dev:
+        os.removedirs(os.path.dirname(destination))
+        raise errors.UsageError(
+            f"the state root {state_root} is on another filesystem than {os.path.dirname(module_file)}: "
+            "a rename there would not be atomic"
+        )
+    journal = journals.Journal.create(
+        os.path.join(state_root, "runs"),
+        run_id,
+        kind="retire",
+        state="retiring",
+        module_file=module_file,
+        retired_to=destination,
+        module_sha256=modulefile.module_hash(data),
+        software_dir=root,
+        reason=reason,
+        retired_at=journals.now(),
+    )
+    _move(module_file, destination)
+    journal.set_state("retired")
+    return {
+        "run_id": run_id,
+        "changed": True,
+        "state": "retired",
+        "module_file": module_file,
+        "retired_to": destination,
+    }
+
+
+def rollback_retire(journal):
+    """Move a retired module file back; resolve a retire that a crash interrupted."""
+    source, original = journal.data["retired_to"], journal.data["module_file"]
+    if journal.state == "rolled_back":
+        return {"run_id": journal.run_id, "changed": False, "state": journal.state}
+    if journal.state == "retiring" and os.path.lexists(original) and not os.path.lexists(source):
+        # The crash came before the rename: nothing moved.
+        journal.set_state("rolled_back")
+        return {"run_id": journal.run_id, "changed": True, "state": journal.state}
+    if os.path.lexists(original):
+        raise errors.UsageError(f"{original} exists again; refusing to overwrite it with the retired copy")
+    if not os.path.isfile(source):
+        raise errors.JournalError(f"run {journal.run_id}: the retired file {source} is missing")
+    _move(source, original)
+    journal.set_state("rolled_back")
+    return {"run_id": journal.run_id, "changed": True, "state": journal.state, "module_file": original}

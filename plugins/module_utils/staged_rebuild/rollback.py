@@ -1,0 +1,60 @@
+# Copyright: hpcstack.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Roll a published run back: module files and class links restored, then every retired
+directory exchanged back into its stable path, in reverse publish order.
+
+A failed rollback reverses its own completed operations, so the published tree stays live
+and the run stays ``published``. Rolling back a run that is already rolled back changes
+nothing.
+"""
+
+from __future__ import annotations
+
+from ..common import errors
+from . import operations
+from .publish import Transaction
+
+
+def rollback(journal, trees, faults):
+    if journal.data["kind"] != "publish":
+        raise errors.UsageError(
+            "run {} is a {} record; use its own rollback".format(journal.run_id, journal.data["kind"])
+        )
+    if journal.state == "rolled_back":
+        return {"run_id": journal.run_id, "changed": False, "state": journal.state}
+    if journal.state != "published":
+        raise errors.UsageError(
+            f"run {journal.run_id} is {journal.state}, not published; only a published run can be rolled back"
+            " ('eb-staged-rebuild resume' finishes an interrupted one)"
+        )
+    transaction = Transaction(journal, faults)
+    entries = list(reversed(journal.modules))
+    try:
+        journal.set_state("rolling_back")
+        for entry in entries:
+            for module_class, previous in sorted(entry.get("class_link_previous", {}).items()):
+                transaction.run(
+                    "rollback class-link {} {}".format(module_class, entry["module"]),
+                    lambda entry=entry, module_class=module_class, previous=previous: (
+                        operations.restore_class_link(trees, entry, module_class, previous)
+                    ),
+                    lambda _none, entry=entry, module_class=module_class: operations.set_class_link(
+                        trees, entry, module_class
+                    ),
+                )
+            transaction.run(
+                "rollback module " + entry["module"],
+                lambda entry=entry: operations.restore_module(entry),
+                lambda _none, entry=entry: operations.write_module(entry),
+            )
+        for entry in entries:
+            transaction.run(
+                "rollback swap " + entry["module"],
+                lambda entry=entry: operations.exchange(entry),
+                lambda _method, entry=entry: operations.exchange(entry),
+            )
+        faults.before("state rolled_back")
+        journal.set_state("rolled_back")
+    except BaseException as err:
+        transaction.abort(err, "rollback", "published", "rolling_back", "the published tree stays live")
+    return {"run_id": journal.run_id, "changed": True, "state": journal.state}

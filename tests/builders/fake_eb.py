@@ -1,0 +1,97 @@
+"""A stand-in for ``eb`` that builds instantly: it behaves like EasyBuild towards the engine.
+
+It takes the install-path options eb-staged-rebuild passes (``--installpath-software``,
+``--installpath-modules``, ``--installpath``; ``--opt=value`` or ``--opt value``) and one
+positional ``Name-version.eb`` per module, and writes for each
+``<software>/Name/version/PAYLOAD`` (and ``easybuild/Name-version.eb``), a Lua module file
+``<modules>/all/Name/version.lua`` whose ``root`` is the install dir, and a module-class link
+``<modules>/tools/Name/version.lua``, as EasyBuild does. Other options are ignored.
+
+Switches, from the environment (eb-staged-rebuild passes its environment on):
+  FAKE_EB_PAYLOAD=TEXT          what PAYLOAD holds (default "new build")
+  FAKE_EB_DEPENDS=A/1:B/2,...   module A/1 gets depends_on("B/2")
+  FAKE_EB_EVIDENCE=none         write no PAYLOAD and no easybuild/*.eb
+  FAKE_EB_FAIL=1                write a partial tree, then exit 1
+  FAKE_EB_WRITE_OUTSIDE=PATH    also write PATH (a hook escaping its install path)
+  FAKE_EB_HANG=1                sleep until killed
+  FAKE_EB_ARGS_LOG=PATH         append the argument list, one JSON line per call
+"""
+
+import json
+import os
+import re
+import sys
+import time
+
+
+def parse(argv):
+    options, positional = {}, []
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        if arg.startswith("--installpath"):
+            if "=" in arg:
+                name, value = arg.split("=", 1)
+            else:
+                name, value = arg, argv[index + 1]
+                index += 1
+            options[name] = value
+        elif not arg.startswith("-"):
+            positional.append(arg)
+        index += 1
+    return options, positional
+
+
+def main(argv):
+    if os.environ.get("FAKE_EB_ARGS_LOG"):
+        with open(os.environ["FAKE_EB_ARGS_LOG"], "a") as log:
+            log.write(json.dumps(argv) + "\n")
+    if os.environ.get("FAKE_EB_HANG"):
+        while True:
+            time.sleep(60)
+    options, easyconfigs = parse(argv)
+    installpath = options.get("--installpath")
+    software = options.get("--installpath-software") or os.path.join(installpath, "software")
+    modules = options.get("--installpath-modules") or os.path.join(installpath, "modules")
+    depends = {}
+    for pair in filter(None, os.environ.get("FAKE_EB_DEPENDS", "").split(",")):
+        module, dependency = pair.split(":")
+        depends.setdefault(module, []).append(dependency)
+    if os.environ.get("FAKE_EB_WRITE_OUTSIDE"):
+        with open(os.environ["FAKE_EB_WRITE_OUTSIDE"], "w") as escaped:
+            escaped.write("written outside the install path\n")
+    for easyconfig in easyconfigs:
+        match = re.match(r"^(?:.*/)?([^/-]+)-(.+)\.eb$", easyconfig)
+        if not match:
+            sys.stderr.write(f"fake-eb: cannot parse easyconfig name {easyconfig}\n")
+            return 1
+        name, version = match.groups()
+        install = os.path.join(software, name, version)
+        print(f"== building and installing {name}/{version}...", flush=True)
+        os.makedirs(os.path.join(install, "easybuild"), exist_ok=True)
+        if os.environ.get("FAKE_EB_FAIL"):
+            sys.stderr.write(f"fake-eb: build of {name}/{version} failed (FAKE_EB_FAIL)\n")
+            return 1
+        if os.environ.get("FAKE_EB_EVIDENCE") != "none":
+            with open(os.path.join(install, "PAYLOAD"), "w") as payload:
+                payload.write(os.environ.get("FAKE_EB_PAYLOAD", "new build") + "\n")
+            with open(os.path.join(install, "easybuild", f"{name}-{version}.eb"), "w") as ec:
+                ec.write(f"name = {name!r}\nversion = {version!r}\n")
+        lines = [f"help([[Fake build of {name}/{version}]])", f'local root = "{install}"']
+        lines += [f'depends_on("{dep}")' for dep in depends.get(f"{name}/{version}", [])]
+        lines += ['prepend_path("PATH", pathJoin(root, "bin"))', f'setenv("EBROOT{name.upper()}", root)']
+        module_file = os.path.join(modules, "all", name, version + ".lua")
+        os.makedirs(os.path.dirname(module_file), exist_ok=True)
+        with open(module_file, "w") as handle:
+            handle.write("\n".join(lines) + "\n")
+        class_link = os.path.join(modules, "tools", name, version + ".lua")
+        os.makedirs(os.path.dirname(class_link), exist_ok=True)
+        if os.path.lexists(class_link):
+            os.unlink(class_link)
+        os.symlink(module_file, class_link)
+        print("== COMPLETED: Installation ended successfully", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,139 @@
+"""A live EasyBuild-style tree and the real ``eb-staged-rebuild`` command to run against it.
+
+The tool runs as a separate process (``python -m hpcstack_ops.staged_rebuild.cli``, the code
+of this checkout through a symlinked package), so crashes, signals and locks are real. The
+live tree is built by the test builder ``tests/builders/fake-eb`` the way EasyBuild lays
+out an install: ``software/Name/version`` and ``modules/all/Name/version.lua``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+import checkout
+
+FAKE_EB = checkout.REPO / "tests" / "builders" / "fake-eb"
+TOOL_TIMEOUT = 120
+
+
+def snapshot(*roots: Path) -> dict:
+    """Everything under ``roots``: type, bytes, mode, owner and inode of each entry.
+
+    Two equal snapshots mean nothing on disk changed, not even a directory's identity.
+    """
+    state = {}
+    for root in roots:
+        if not os.path.lexists(root):
+            state[str(root)] = None
+            continue
+        for path in [root, *sorted(root.rglob("*"))]:
+            info = os.lstat(path)
+            entry = [stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode), info.st_uid, info.st_ino]
+            if stat.S_ISREG(info.st_mode):
+                entry.append(hashlib.sha256(path.read_bytes()).hexdigest())
+            elif stat.S_ISLNK(info.st_mode):
+                entry.append(os.readlink(path))
+            state[str(path)] = entry
+    return state
+
+
+@dataclass
+class StagedSite:
+    """A live tree under ``installpath``, a state root, and the tool to run on them."""
+
+    installpath: Path
+    state_root: Path
+    package_root: Path
+    env: dict = field(default_factory=dict)
+
+    @property
+    def software(self) -> Path:
+        return self.installpath / "software"
+
+    @property
+    def modules(self) -> Path:
+        return self.installpath / "modules"
+
+    def live(self, module: str) -> Path:
+        return self.software / module
+
+    def module_file(self, module: str) -> Path:
+        return self.modules / "all" / (module + ".lua")
+
+    def payload(self, module: str) -> str:
+        return (self.live(module) / "PAYLOAD").read_text().strip()
+
+    def install(self, *modules: str, payload="old", depends="") -> None:
+        """Build ``modules`` straight into the live tree (the state before any staged rebuild)."""
+        env = dict(os.environ, FAKE_EB_PAYLOAD=payload, FAKE_EB_DEPENDS=depends)
+        easyconfigs = [module.replace("/", "-") + ".eb" for module in modules]
+        done = subprocess.run(
+            [str(FAKE_EB), f"--installpath={self.installpath}", *easyconfigs],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+
+    def tool_env(self, **extra) -> dict:
+        env = dict(os.environ)
+        env.update(self.env)
+        env["PYTHONPATH"] = str(self.package_root)
+        env["EB_STAGED_REBUILD_EB"] = str(FAKE_EB)
+        env.update({key: str(value) for key, value in extra.items()})
+        return env
+
+    def command(self, *args: str) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "hpcstack_ops.staged_rebuild.cli",
+            "--state-root",
+            str(self.state_root),
+            *args,
+        ]
+
+    def run(self, *args: str, env=None, timeout=TOOL_TIMEOUT) -> subprocess.CompletedProcess:
+        """Run ``eb-staged-rebuild --state-root <root> ARGS``; never raises on a non-zero exit."""
+        return subprocess.run(
+            self.command(*args),
+            env=self.tool_env(**(env or {})),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def rebuild_args(self, *modules: str, extra=()) -> list[str]:
+        args = ["rebuild", f"--installpath={self.installpath}"]
+        for module in modules:
+            args += ["--module", module]
+        return [*args, *extra, "--", *(module.replace("/", "-") + ".eb" for module in modules)]
+
+    def rebuild(self, *modules: str, extra=(), env=None) -> subprocess.CompletedProcess:
+        return self.run(*self.rebuild_args(*modules, extra=extra), env=env)
+
+    def snapshot(self) -> dict:
+        return snapshot(self.software, self.modules)
+
+
+@pytest.fixture(scope="session")
+def package_root():
+    """A directory with ``hpcstack_ops`` -> this checkout's plugins/module_utils."""
+    with tempfile.TemporaryDirectory(prefix="hpcstack-pkg-") as tmp:
+        yield checkout.link_package(Path(tmp))
+
+
+@pytest.fixture
+def staged_site(tmp_path, package_root) -> StagedSite:
+    return StagedSite(installpath=tmp_path / "apps", state_root=tmp_path / "state", package_root=package_root)

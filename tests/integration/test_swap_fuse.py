@@ -1,0 +1,99 @@
+"""The directory swap on a real FUSE mount, where RENAME_EXCHANGE fails with EINVAL.
+
+Here nothing stands in for the kernel: the exchange is refused by the filesystem itself, and
+the three-rename fallback and its undo run through FUSE's ordinary renames.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from ansible_collections.hpcstack.ops.plugins.module_utils.common import fsutil
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import swap
+
+
+def _tree(path, payload):
+    path.mkdir()
+    (path / "PAYLOAD").write_text(payload)
+    return path
+
+
+def _state(path):
+    if not os.path.lexists(path):
+        return None
+    return (path.stat().st_ino, (path / "PAYLOAD").read_text())
+
+
+@pytest.fixture
+def fuse_pair(fuse_dir):
+    (fuse_dir / "Name").mkdir()
+    live = _tree(fuse_dir / "Name" / "1.0", "old")
+    staged = _tree(fuse_dir / "Name" / ".1.0.run1", "new")
+    return staged, live
+
+
+def test_the_mount_refuses_rename_exchange_with_einval(fuse_pair):
+    # The premise of the tests below: without it they would not exercise the real fallback.
+    staged, live = fuse_pair
+
+    with pytest.raises(OSError) as raised:
+        fsutil.rename_exchange(staged, live)
+
+    assert raised.value.errno == errno.EINVAL
+
+
+def test_exchange_on_fuse_falls_back_and_swaps_inodes_and_bytes(fuse_pair):
+    staged, live = fuse_pair
+    before = {staged: _state(staged), live: _state(live)}
+    seen = []
+
+    method = swap.exchange(staged, live, on_step=seen.append)
+
+    assert method == "fallback"
+    assert seen == ["exchange", *swap.FALLBACK_STEPS]
+    assert _state(live) == before[staged]
+    assert _state(staged) == before[live]
+    assert not os.path.lexists(swap.hold_path(staged))
+
+
+@pytest.mark.parametrize("step", [*swap.FALLBACK_STEPS, "sync"])
+def test_an_injected_failure_on_fuse_restores_both_names(fuse_pair, step):
+    staged, live = fuse_pair
+    before = {staged: _state(staged), live: _state(live)}
+
+    with pytest.raises(swap.InjectedFailure) as raised:
+        swap.exchange(staged, live, fail_before=step)
+
+    assert raised.value.step == step
+    assert _state(live) == before[live]
+    assert _state(staged) == before[staged]
+    assert sorted(os.listdir(live.parent)) == [".1.0.run1", "1.0"]
+
+
+def test_a_real_failure_at_step_2_on_fuse_puts_live_back(fuse_dir):
+    live = _tree(fuse_dir / "1.0", "old")
+    before = _state(live)
+
+    with pytest.raises(FileNotFoundError):
+        swap.exchange(fuse_dir / "missing-stage", live)
+
+    assert _state(live) == before
+    assert sorted(os.listdir(fuse_dir)) == ["1.0"]
+
+
+@pytest.mark.parametrize("done", [1, 2])
+def test_recover_fallback_on_fuse_restores_the_original_names(fuse_pair, done):
+    staged, live = fuse_pair
+    before = {staged: _state(staged), live: _state(live)}
+    hold = live.parent / (staged.name + ".fallback-old")
+    for source, target in [(live, hold), (staged, live)][:done]:
+        source.rename(target)
+
+    assert swap.recover_fallback(staged, live) != "nothing"
+
+    assert _state(live) == before[live]
+    assert _state(staged) == before[staged]
+    assert swap.recover_fallback(staged, live) == "nothing"
