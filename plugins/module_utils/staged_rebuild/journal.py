@@ -57,7 +57,8 @@ INTERRUPTED = ("building", "planning", "publishing", "rolling_back", "retiring")
 
 
 def now():
-    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+    # Microseconds: two runs started in the same second still list in the order they began.
+    return datetime.datetime.now(datetime.timezone.utc).isoformat()
 
 
 class Journal:
