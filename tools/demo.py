@@ -1,17 +1,21 @@
-"""`make demo`: build a small live EasyBuild tree under ./demo and show its modules.
+"""`make demo`: a small live EasyBuild tree under ./demo, rebuilt without breaking it.
 
 Real EasyBuild (from .venv) builds TinyApp 1.0 and its dependency TinyLib 1.0, offline,
 into ./demo (software/ and modules/all/, as on a cluster); real Lmod then lists and loads
-them. A second run finds both installed and EasyBuild skips them. HPCSTACK_DEMO_DIR puts
+them. Then eb-staged-rebuild rebuilds TinyApp beside the live tree with real EasyBuild,
+swaps it in, rolls it back and collects the retired tree, with Lmod loading the module at
+every stage. A second run finds both installed and EasyBuild skips them. HPCSTACK_DEMO_DIR puts
 the tree elsewhere (the tests do).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
@@ -21,6 +25,7 @@ import stackenv
 import tinypkgs
 
 DEMO = Path(os.environ.get("HPCSTACK_DEMO_DIR") or checkout.REPO / "demo").absolute()
+STATE = DEMO / ".eb-staged-rebuild"
 # The EasyBuild lines worth showing a reader: what it works on and how each ends.
 _EB_PROGRESS = re.compile(
     r"^== (processing|building|testing|COMPLETED|.*already installed)|^== Build succeeded"
@@ -82,10 +87,72 @@ def main() -> int:
     say(f"module avail, with MODULEPATH={modules}:")
     shown = module_shell("module --quiet avail 2>&1")
     print(shown.stdout.rstrip())
-    say(f"module load {tinypkgs.APP} && tinyapp:")
+    if not show_app(module_shell):
+        return 1
+    return staged_rebuild(env, module_shell)
+
+
+def show_app(module_shell) -> bool:
     ran = module_shell(f"module load {tinypkgs.APP} && tinyapp")
-    print("   " + (ran.stdout.strip() or ran.stderr.strip()))
-    return 0 if shown.returncode == 0 and ran.returncode == 0 else 1
+    say(f"module load {tinypkgs.APP} && tinyapp: " + (ran.stdout.strip() or ran.stderr.strip()))
+    return ran.returncode == 0
+
+
+def staged_rebuild(env: dict, module_shell) -> int:
+    """Rebuild TinyApp through eb-staged-rebuild, roll it back, collect the old tree."""
+    live = DEMO / "software" / tinypkgs.APP / tinypkgs.VERSION
+    with tempfile.TemporaryDirectory(prefix="hpcstack-demo-") as tmp:
+        tool_env = dict(env, PYTHONPATH=str(checkout.link_package(Path(tmp))))
+
+        def tool(*args: str) -> dict | None:
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "hpcstack_ops.staged_rebuild.cli",
+                    "--state-root",
+                    str(STATE),
+                    "--json",
+                    *args,
+                ],
+                env=tool_env,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            sys.stdout.write("".join("   " + line + "\n" for line in done.stderr.splitlines()))
+            return json.loads(done.stdout) if done.returncode == 0 else None
+
+        before = live.stat().st_ino
+        module = f"{tinypkgs.APP}/{tinypkgs.VERSION}"
+        say(f"eb-staged-rebuild rebuild --module {module}: EasyBuild builds beside the live tree")
+        published = tool(
+            "rebuild",
+            f"--installpath={DEMO}",
+            f"--module={module}",
+            f"--eb={stackenv.find_eb()}",
+            "--",
+            f"{tinypkgs.APP}-{tinypkgs.VERSION}.eb",
+        )
+        if published is None:
+            return 1
+        retired = published["modules"][0]["retired_path"]
+        after = live.stat().st_ino
+        say(f"published run {published['run_id']}: {live} is now a new directory (inode {before} -> {after})")
+        say(f"the previous tree stays at {retired} for jobs still running from it")
+        if not show_app(module_shell):
+            return 1
+        say(f"eb-staged-rebuild rollback {published['run_id']}: the previous tree goes back in one exchange")
+        if tool("rollback", published["run_id"]) is None:
+            return 1
+        say(f"{live} is the previous directory again (inode {live.stat().st_ino})")
+        say("eb-staged-rebuild gc --grace-hours 0: retired trees are removed (the default grace is 144 h)")
+        collected = tool("gc", "--grace-hours", "0")
+        if collected is None:
+            return 1
+        for item in collected["removed"]:
+            say(f"removed {item['path']}")
+        return 0 if show_app(module_shell) else 1
 
 
 if __name__ == "__main__":

@@ -33,6 +33,22 @@ def test_demo_builds_the_live_tree_and_lists_its_modules(tmp_path):
     assert (tmp_path / "demo" / "software" / "TinyApp" / "1.0" / "bin" / "tinyapp").is_file()
 
 
+def test_demo_rebuilds_through_the_staged_path_rolls_back_and_collects(tmp_path):
+    done = _demo(tmp_path / "demo")
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    live = tmp_path / "demo" / "software" / "TinyApp" / "1.0"
+    published = [line for line in done.stdout.splitlines() if "is now a new directory" in line]
+    assert len(published) == 1
+    before, after = published[0].split("(inode ")[1].rstrip(")").split(" -> ")
+    assert before != after
+    assert f"{live} is the previous directory again (inode {before})" in done.stdout
+    assert live.stat().st_ino == int(before)
+    assert "removed " + str(live.parent / ".1.0.") in done.stdout
+    assert [p.name for p in live.parent.iterdir()] == ["1.0"]
+    assert done.stdout.count("tinyapp: hello from TinyLib 1.0") == 3
+
+
 def test_demo_run_twice_leaves_the_installed_tree_alone(tmp_path):
     assert _demo(tmp_path / "demo").returncode == 0
     install = tmp_path / "demo" / "software" / "TinyApp" / "1.0"

@@ -53,7 +53,7 @@ def run(argv, env, run_dir, progress):
         with proc:
             for line in proc.stdout:
                 log.write(line)
-                if line.startswith("=="):
+                if line.startswith("== ") and not line.startswith("== ..."):
                     progress(line.rstrip("\n"))
     if proc.returncode != 0:
         raise errors.PublishError(

@@ -69,6 +69,15 @@ def max_user_namespaces():
         return None
 
 
+def sandbox_probes():
+    """The probes that write nothing: what a dry run reports."""
+    return {
+        "bwrap": _succeeds(["bwrap", "--dev-bind", "/", "/", "true"]),
+        "userns": _succeeds(["unshare", "--user", "--map-root-user", "--mount", "true"]),
+        "max_user_namespaces": max_user_namespaces(),
+    }
+
+
 def probe(path):
     if not os.path.isdir(path):
         raise errors.UsageError(f"probe --path {path}: not a directory")

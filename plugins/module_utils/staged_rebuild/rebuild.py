@@ -18,7 +18,7 @@ import os
 import shutil
 
 from ..common import errors, locking
-from . import backends, easybuild, ledger, paths, planner, publish
+from . import backends, easybuild, ledger, paths, planner, probe, publish
 from . import journal as journals
 
 BACKENDS = ("auto", "installpath")
@@ -79,7 +79,14 @@ def dry_run(request):
     """What a rebuild would do; writes nothing, takes no lock, runs nothing."""
     trees, run_id, module_paths = check_request(request)
     result = describe(request, trees, run_id)
-    result.update({"dry_run": True, "changed": False, "modules": [entry.module for entry in module_paths]})
+    result.update(
+        {
+            "dry_run": True,
+            "changed": False,
+            "modules": [entry.module for entry in module_paths],
+            "probes": probe.sandbox_probes(),
+        }
+    )
     return result
 
 
