@@ -1,18 +1,35 @@
-"""What a benchmark is: an operation timed beside its baseline in the same run.
+"""What a benchmark is: an operation measured beside its baseline in the same run.
 
-A benchmark file ``benchmarks/bench_<topic>.py`` defines ``CASES``, a list of ``Case``.
-Each side is a factory: given a fresh scratch directory it prepares what it needs and
-returns the zero-argument operation to time. The runner interleaves the two sides round by
-round, so drift in the machine's speed hits both alike, and reports medians and their ratio.
+A benchmark file ``benchmarks/bench_<topic>.py`` defines ``CASES``, a list of ``Case`` and
+``WindowCase``.
+
+A ``Case`` times an operation. Each side is a factory: given a fresh scratch directory it
+prepares what it needs and returns the zero-argument operation to time. The runner
+interleaves the two sides round by round, so drift in the machine's speed hits both alike,
+and reports medians and their ratio.
+
+A ``WindowCase`` measures what a reader of a live path sees while a tree there is replaced
+and put back ``cycles`` times. Each ``Method`` (the subject, then each baseline) gets a
+fresh scratch directory, in which its ``setup`` makes the live tree and returns a
+``Replacer``. A separate reader process, started before the first cycle and stopped after
+the last, calls the case's ``read`` on the live path in a tight loop; each call is one read,
+classified ``OK``, ``MISSING`` or ``PARTIAL``. The runner reports, per method, the count of
+each and the longest window: the time from the start of the first of consecutive bad reads
+to the end of the last.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 Operation = Callable[[], None]
+
+# The verdicts of one read of a live path.
+OK = "ok"  # one whole generation of the tree
+MISSING = "missing"  # the live path itself was not there
+PARTIAL = "partial"  # the path was there, the tree was not whole: files missing, torn or mixed
 
 
 @dataclass(frozen=True)
@@ -22,3 +39,38 @@ class Case:
     baseline_name: str
     baseline: Callable[[Path], Operation]
     rounds: int = 2000
+
+
+@dataclass(frozen=True)
+class Replacer:
+    """A prepared live tree and the way one method replaces it.
+
+    ``cycle(n)`` puts generation ``n`` at ``live`` and then the previous tree back (a publish
+    and its rollback, or the nearest a baseline has). ``note()``, called after the cycles,
+    may name a condition the reader of the table must know (the swap method used).
+    """
+
+    live: Path
+    cycle: Callable[[int], None]
+    note: Callable[[], str] = str
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    setup: Callable[[Path], Replacer]
+
+
+@dataclass(frozen=True)
+class WindowCase:
+    """Readers' gaps at a live path: the subject's method beside each baseline's.
+
+    ``read(live)`` runs in the reader process and returns ``OK``, ``MISSING`` or ``PARTIAL``;
+    the runner refuses the case if the first read, before any cycle, is not ``OK``.
+    """
+
+    name: str
+    read: Callable[[Path], str]
+    subject: Method
+    baselines: Sequence[Method]
+    cycles: int = 200

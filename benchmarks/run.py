@@ -2,13 +2,23 @@
 
     .venv/bin/python benchmarks/run.py [NAME-SUBSTRING ...]
 
-The ratio is subject median / baseline median from the same run: below 1 the subject is
-faster. Absolute times vary between machines; the ratio is the figure to compare.
+Timing cases (``Case``) make the first table. The ratio is subject median / baseline median
+from the same run: below 1 the subject is faster. Absolute times vary between machines; the
+ratio is the figure to compare.
+
+Window cases (``WindowCase``) make the second table: one row per method, the subject first,
+each with the reads a separate reader process made of the live path during the cycles, how
+many found it missing or the tree partial, and the longest such window. There the ratio is
+the subject's longest window / the baseline's, from the same run: 0 means the subject left
+no window at all. The counts of different methods are not divided into each other, because
+each method runs for its own time and so gets its own number of reads.
 """
 
 from __future__ import annotations
 
 import importlib
+import multiprocessing
+import os
 import statistics
 import sys
 import tempfile
@@ -19,6 +29,13 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "tools")]
 
 import checkout  # noqa: E402
+from benchlib import MISSING, OK, PARTIAL, Case, WindowCase  # noqa: E402
+
+READER_TIMEOUT = 30
+# Where window cases make their trees: the filesystem is what they measure (see _window_root).
+WINDOW_DIR_ENV = "HPCSTACK_BENCH_WINDOW_DIR"
+# Each method's scratch is a private mkdtemp directory inside it, not a fixed name.
+TMPFS = "/dev/shm"  # noqa: S108
 
 
 def _time_rounds(case):
@@ -34,11 +51,140 @@ def _time_rounds(case):
     return statistics.median(subject_ns), statistics.median(baseline_ns)
 
 
+def _watch(read, live, stop, report):
+    """The reader process: send the first verdict, read until ``stop``, send the tally.
+
+    The tally is ``(counts by verdict, longest bad window in ns)``; a window runs from the
+    start of the first of consecutive bad reads to the end of the last of them.
+    """
+    report.send(read(live))
+    counts = {OK: 0, MISSING: 0, PARTIAL: 0}
+    longest, bad_since = 0, None
+    while not stop.is_set():
+        started = time.monotonic_ns()
+        verdict = read(live)
+        ended = time.monotonic_ns()
+        counts[verdict] += 1
+        if verdict == OK:
+            bad_since = None
+        else:
+            bad_since = started if bad_since is None else bad_since
+            longest = max(longest, ended - bad_since)
+    report.send((counts, longest))
+    report.close()
+
+
+def _window_root():
+    """``$HPCSTACK_BENCH_WINDOW_DIR``, else tmpfs (/dev/shm) if writable, else the temp dir.
+
+    What a reader sees does not depend on fsync, which only makes a change durable, but the
+    subject fsyncs its journal dozens of times a cycle: on tmpfs 200 cycles fit the time
+    budget of ``make bench``. Point the variable at the filesystem of a real software root
+    to measure that one (whether it can exchange directories is printed in the table).
+    """
+    chosen = os.environ.get(WINDOW_DIR_ENV)
+    if chosen:
+        return chosen
+    if os.path.isdir(TMPFS) and os.access(TMPFS, os.W_OK | os.X_OK):
+        return TMPFS
+    return None
+
+
+def _measure_window(case, method):
+    """Run ``method``'s cycles under a reader; return ``(counts, longest_ns, elapsed_ns, note)``."""
+    # fork: the reader needs the case's read function, not a re-import of this runner.
+    context = multiprocessing.get_context("fork")
+    with tempfile.TemporaryDirectory(prefix="hpcstack-window-", dir=_window_root()) as scratch:
+        replacer = method.setup(Path(scratch))
+        stop = context.Event()
+        results, report = context.Pipe(duplex=False)
+        reader = context.Process(target=_watch, args=(case.read, replacer.live, stop, report), daemon=True)
+        reader.start()
+        report.close()  # so that a dead reader reads as EOFError, not a hang
+        try:
+            first = results.recv()
+            if first != OK:
+                raise RuntimeError(
+                    f"{case.name}: before any cycle, {method.name} left {replacer.live} {first}"
+                )
+            started = time.perf_counter_ns()
+            for cycle in range(case.cycles):
+                replacer.cycle(cycle)
+            elapsed = time.perf_counter_ns() - started
+            stop.set()
+            counts, longest = results.recv()
+        finally:
+            stop.set()
+            reader.join(READER_TIMEOUT)
+            if reader.is_alive():
+                reader.kill()
+                reader.join()
+            results.close()
+        return counts, longest, elapsed, replacer.note()
+
+
 def _format_ns(ns: float) -> str:
     for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
         if ns >= scale:
             return f"{ns / scale:.2f} {unit}"
     return f"{ns:.0f} ns"
+
+
+def _timing_rows(cases):
+    rows = [("benchmark", "median", "baseline", "median", "ratio")]
+    for case in cases:
+        subject, baseline = _time_rounds(case)
+        rows.append(
+            (
+                case.name,
+                _format_ns(subject),
+                case.baseline_name,
+                _format_ns(baseline),
+                f"{subject / baseline:.2f}",
+            )
+        )
+    return rows
+
+
+def _window_rows(cases):
+    rows = [
+        ("benchmark", "method", "cycles", "time", "reads", "missing", "partial", "longest window", "ratio")
+    ]
+    for case in cases:
+        subject_longest = None
+        for index, method in enumerate((case.subject, *case.baselines)):
+            counts, longest, elapsed, note = _measure_window(case, method)
+            if subject_longest is None:
+                subject_longest, ratio = longest, "subject"
+            else:
+                ratio = f"{subject_longest / longest:.2f}" if longest else "n/a (no window)"
+            rows.append(
+                (
+                    case.name if index == 0 else "",
+                    f"{method.name} ({note})" if note else method.name,
+                    str(case.cycles),
+                    _format_ns(elapsed),
+                    str(sum(counts.values())),
+                    str(counts[MISSING]),
+                    str(counts[PARTIAL]),
+                    _format_ns(longest) if longest else "none",
+                    ratio,
+                )
+            )
+    return rows
+
+
+def _print_table(rows):
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+
+
+WINDOW_HEADER = """\
+Reader-visible windows: a separate process reads the live path in a loop during the cycles.
+missing: the path was not there; partial: the tree there was not one whole generation;
+longest window: from the start of the first to the end of the last of consecutive bad reads;
+ratio: the subject's longest window / the baseline's, same run (0.00: the subject left none)."""
 
 
 def main(argv: list[str]) -> int:
@@ -48,21 +194,15 @@ def main(argv: list[str]) -> int:
         for path in sorted(HERE.glob("bench_*.py")):
             cases.extend(importlib.import_module(path.stem).CASES)
         cases = [case for case in cases if not argv or any(word in case.name for word in argv)]
-        rows = [("benchmark", "median", "baseline", "median", "ratio")]
-        for case in cases:
-            subject, baseline = _time_rounds(case)
-            rows.append(
-                (
-                    case.name,
-                    _format_ns(subject),
-                    case.baseline_name,
-                    _format_ns(baseline),
-                    f"{subject / baseline:.2f}",
-                )
-            )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        timing = [case for case in cases if isinstance(case, Case)]
+        windows = [case for case in cases if isinstance(case, WindowCase)]
+        if timing:
+            _print_table(_timing_rows(timing))
+        if windows:
+            if timing:
+                print()
+            print(WINDOW_HEADER)
+            _print_table(_window_rows(windows))
     return 0 if cases else 1
 
 

@@ -42,8 +42,15 @@ def _env_float(name, default):
         raise errors.UsageError(f"{name}={value!r} is not a number") from None
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad usage as one error line (exit 2), like every other refusal."""
+
+    def error(self, message):
+        raise errors.UsageError(f"{message} (see '{self.prog} --help')")
+
+
 def build_parser():
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG, description="Rebuild EasyBuild installs beside the live tree and swap them in atomically."
     )
     parser.add_argument(
@@ -59,7 +66,7 @@ def build_parser():
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
 
     build = commands.add_parser("rebuild", help="build a replacement beside the live install and swap it in")
@@ -106,6 +113,10 @@ def build_parser():
 
 
 def _state_root(args):
+    if args.lock_timeout < 0 or args.lock_timeout != args.lock_timeout:
+        raise errors.UsageError(
+            f"lock timeout must be 0 or more seconds (--lock-timeout), not {args.lock_timeout}"
+        )
     if not args.state_root:
         raise errors.UsageError("no state root: give --state-root DIR or set EB_STAGED_REBUILD_STATE_ROOT")
     return os.path.abspath(args.state_root)
@@ -201,6 +212,7 @@ def cmd_rollback(args):
 
 
 def cmd_retire(args):
+    retire.check(args.module_file, args.reason, _state_root(args))
     state_root = paths.prepare_state_root(_state_root(args))
     with locking.StateLock(state_root, args.lock_timeout):
         return retire.retire(state_root, args.module_file, args.reason)
@@ -252,8 +264,11 @@ def _on_sigterm(signum, frame):
 
 def main(argv=None):
     """Run the command; return the exit status (0 ok, 1 warnings, 2 error)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except errors.UsageError as err:
+        sys.stderr.write(f"{PROG}: {err}\n")
+        return err.exit_code
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         result = args.func(args)

@@ -39,7 +39,16 @@ def _move(source, destination):
     fsutil.fsync_dir(os.path.dirname(source))
 
 
-def retire(state_root, module_file, reason):
+def _device_of_nearest(path):
+    """st_dev of ``path``, or of its nearest existing ancestor (where it would be created)."""
+    while not os.path.lexists(path):
+        path = os.path.dirname(path)
+    return os.stat(path).st_dev
+
+
+def check(module_file, reason, state_root):
+    """Refuse a bad retire request before anything is written; return the file's path,
+    bytes and the software directory of its root assignment."""
     module_file = os.path.abspath(module_file)
     fsutil.refuse_symlink_components(module_file)
     try:
@@ -55,17 +64,24 @@ def retire(state_root, module_file, reason):
         raise errors.UsageError(f"module file {module_file} has no root assignment; refusing to retire it")
     if not reason or not reason.strip():
         raise errors.UsageError("retire needs --reason TEXT")
-
-    stamp = _timestamp()
-    run_id = "retire-" + stamp
-    destination = os.path.join(state_root, "retired", stamp, module_file.lstrip("/"))
-    os.makedirs(os.path.dirname(destination), mode=0o700, exist_ok=True)
-    if os.stat(os.path.dirname(destination)).st_dev != os.stat(os.path.dirname(module_file)).st_dev:
-        os.removedirs(os.path.dirname(destination))
+    if (
+        _device_of_nearest(os.path.join(state_root, "retired"))
+        != os.stat(os.path.dirname(module_file)).st_dev
+    ):
         raise errors.UsageError(
             f"the state root {state_root} is on another filesystem than {os.path.dirname(module_file)}: "
             "a rename there would not be atomic"
         )
+    return module_file, data, root
+
+
+def retire(state_root, module_file, reason):
+    module_file, data, root = check(module_file, reason, state_root)
+    stamp = _timestamp()
+    run_id = "retire-" + stamp
+    destination = os.path.join(state_root, "retired", stamp, module_file.lstrip("/"))
+    # New directories under retired/, whose filesystem check() compared with the module's.
+    os.makedirs(os.path.dirname(destination), mode=0o700, exist_ok=True)
     journal = journals.Journal.create(
         os.path.join(state_root, "runs"),
         run_id,
