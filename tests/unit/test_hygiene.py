@@ -16,7 +16,8 @@ def _asserts(function: ast.AST) -> bool:
             return True
         if isinstance(node, ast.Call):
             name = getattr(node.func, "attr", getattr(node.func, "id", ""))
-            if name in ASSERTING_CALLS:
+            # pytest's own (raises, fail) and the suite's helpers named assert_*/_assert_*.
+            if name in ASSERTING_CALLS or name.lstrip("_").startswith("assert"):
                 return True
     return False
 
@@ -41,7 +42,10 @@ def test_every_test_function_asserts():
 def test_the_checker_flags_a_test_without_an_assertion():
     tree = ast.parse(
         "def test_nothing():\n    x = 1\n\ndef test_raises():\n    with pytest.raises(E):\n        f()\n"
+        "\ndef test_helper():\n    _assert_state(x)\n\ndef test_call():\n    check(x)\n"
     )
-    nothing, raises = tree.body
+    nothing, raises, helper, call = tree.body
     assert not _asserts(nothing)
     assert _asserts(raises)
+    assert _asserts(helper)
+    assert not _asserts(call)

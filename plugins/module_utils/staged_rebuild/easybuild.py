@@ -19,8 +19,36 @@ _FORCING = ("--rebuild", "--force", "-f")
 _FLAG_LIKE = ("--bwrap", "--remove-ghost-install-dirs")
 
 
+# Every long option of EasyBuild 5.4 that the prefixes above stand for.
+_REDIRECTING_NAMES = (
+    "--prefix",
+    "--installpath",
+    "--installpath-data",
+    "--installpath-modules",
+    "--installpath-software",
+    "--subdir-data",
+    "--subdir-modules",
+    "--subdir-software",
+    "--subdir-user-modules",
+    "--bwrap",
+    "--bwrap-installpath",
+    "--bwrap-options",
+    "--remove-ghost-install-dirs",
+)
+_ENABLE = "--enable-"
+
+
 def _option_name(arg):
-    return arg.split("=", 1)[0]
+    """The option ``arg`` is to EasyBuild: ``--enable-<flag>`` is ``--<flag>``, and optparse
+    expands an unambiguous abbreviation (``--prefi`` is ``--prefix``)."""
+    name = arg.split("=", 1)[0]
+    if name.startswith(_ENABLE):
+        name = "--" + name[len(_ENABLE) :]
+    if len(name) > 2 and name.startswith("--") and name not in _REDIRECTING_NAMES:
+        matches = [full for full in _REDIRECTING_NAMES if full.startswith(name)]
+        if len(matches) == 1:
+            return matches[0]
+    return name
 
 
 def _redirects(name):
@@ -28,11 +56,16 @@ def _redirects(name):
         name in _REDIRECTING_EXACT
         or name in _REDIRECTING_FLAGS
         or any(name.startswith(prefix) for prefix in _REDIRECTING_PREFIXES)
+        # An ambiguous abbreviation (--bwra): EasyBuild refuses it, and it is not passed on.
+        or (len(name) > 2 and any(full.startswith(name) for full in _REDIRECTING_NAMES))
     )
 
 
 def _takes_value(name):
-    return name not in _FLAG_LIKE
+    # An ambiguous abbreviation takes nothing with it: the next argument may be an easyconfig.
+    return name not in _FLAG_LIKE and (
+        name in _REDIRECTING_NAMES or any(name.startswith(prefix) for prefix in _REDIRECTING_PREFIXES)
+    )
 
 
 def filter_args(args):

@@ -17,7 +17,7 @@ import datetime
 import os
 import shutil
 
-from ..common import errors
+from ..common import errors, fsutil
 from . import journal as journals
 from . import modulefile, paths
 
@@ -33,11 +33,12 @@ def _elapsed(journal, now, grace):
     return now - _parse(since) >= grace
 
 
-def _is_recorded_sibling(entry, run_id):
-    """The retired path must be the run's hidden sibling of the stable path, nothing else."""
+def _is_recorded_sibling(entry, run_id, software):
+    """The retired path must be the run's hidden sibling of a stable path ``<software>/Name/version``."""
     retired, stable = os.path.normpath(entry["retired_path"]), os.path.normpath(entry["stable_path"])
     return (
         os.path.dirname(retired) == os.path.dirname(stable)
+        and os.path.dirname(os.path.dirname(stable)) == os.path.normpath(software)
         and os.path.basename(retired) == f".{os.path.basename(stable)}.{run_id}"
     )
 
@@ -66,15 +67,18 @@ def _tracked_roots(runs):
 def _collect_siblings(journal, now, grace, dry_run, report):
     """Remove (or, in a dry run, list) the hidden siblings one publish run recorded."""
     old_enough = _elapsed(journal, now, grace)
+    software = paths.Trees(**journal.data["trees"]).software
     for entry in journal.modules:
         sibling = entry["retired_path"]
         if not os.path.lexists(sibling):
             continue
-        if not _is_recorded_sibling(entry, journal.run_id) or os.path.islink(sibling):
+        if not _is_recorded_sibling(entry, journal.run_id, software) or os.path.islink(sibling):
             raise errors.JournalError(
                 f"run {journal.run_id} records {sibling}, which is not a hidden sibling of "
                 f"{entry['stable_path']}; gc stops"
             )
+        # A link above the sibling (software/Name replaced by one) would send rmtree elsewhere.
+        fsutil.refuse_symlink_components(sibling, stop_at=software)
         if not old_enough:
             report["kept"].append({"path": sibling, "run_id": journal.run_id, "why": "grace period"})
             continue

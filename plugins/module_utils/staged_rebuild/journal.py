@@ -41,6 +41,7 @@ import os
 import signal
 
 from ..common import errors, fsutil
+from . import paths
 
 SCHEMA_SWAP = 2
 SCHEMA_SWAP_LEDGER = 4
@@ -126,12 +127,14 @@ class Journal:
         if not isinstance(data, dict) or "schema" not in data:
             raise errors.JournalError(f"journal {path} has no schema field")
         schema = data["schema"]
-        if schema in _REFUSED_SCHEMAS:
+        # JSON true is an int that equals 1, and a list is unhashable: only a real int counts.
+        known = isinstance(schema, int) and not isinstance(schema, bool)
+        if known and schema in _REFUSED_SCHEMAS:
             raise errors.JournalError(
                 f"journal {path}: {_REFUSED_SCHEMAS[schema]}; "
                 "this version only swaps directories (schemas 2 and 4)"
             )
-        if schema not in SUPPORTED_SCHEMAS:
+        if not known or schema not in SUPPORTED_SCHEMAS:
             raise errors.JournalError(f"journal {path} has unknown schema {schema!r} (known: 2, 4)")
         for field in ("kind", "run_id", "state", "modules", "steps"):
             if field not in data:
@@ -187,6 +190,8 @@ def run_journals(state_root):
 
 
 def find(state_root, run_id):
+    """The journal of ``run_id``; a run id that is not a plain name (``../x``) is refused."""
+    paths.check_run_id(run_id)
     path = os.path.join(state_root, "runs", run_id, JOURNAL)
     if not os.path.lexists(os.path.dirname(path)):
         raise errors.UsageError("no run {} under {}".format(run_id, os.path.join(state_root, "runs")))

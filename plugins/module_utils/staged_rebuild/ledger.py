@@ -82,6 +82,28 @@ def append(config, lines):
     return before
 
 
+def length(config):
+    try:
+        return os.lstat(config["path"]).st_size
+    except FileNotFoundError:
+        return 0
+
+
+def remove_run_records(config, length_before, run_id):
+    """Cut the lines a crashed run appended after ``length_before``, if they are all its own."""
+    try:
+        with open(config["path"], "rb") as handle:
+            handle.seek(length_before)
+            tail = handle.read()
+    except FileNotFoundError:
+        return False
+    lines = [line for line in tail.splitlines() if line.strip()]
+    if not lines or any(json.loads(line).get("run_id") != run_id for line in lines):
+        return False
+    truncate(config, length_before)
+    return True
+
+
 def truncate(config, length):
     fd = fsutil.open_nofollow(config["path"], os.O_WRONLY, 0o644)
     try:

@@ -41,18 +41,24 @@ def class_link_path(trees, entry, module_class):
     return os.path.join(trees.modules, module_class, entry["name"], os.path.basename(entry["module_file"]))
 
 
+def current_class_link(trees, entry, module_class):
+    """The target of ``modules/<class>/Name/<file>`` now, or None; refuses a non-link there."""
+    link = class_link_path(trees, entry, module_class)
+    if os.path.islink(link):
+        return os.readlink(link)
+    if os.path.lexists(link):
+        raise errors.PublishError(f"module-class link {link} is not a symlink; refusing to replace it")
+    return None
+
+
 def set_class_link(trees, entry, module_class):
     """Point ``modules/<class>/Name/<file>`` at the live module file (absolute, as EasyBuild does).
 
     Returns what was there before (a link target, or None) so the inverse can restore it.
     """
-    link = class_link_path(trees, entry, module_class)
-    previous = os.readlink(link) if os.path.islink(link) else None
-    if os.path.lexists(link) and previous is None:
-        raise errors.PublishError(f"module-class link {link} is not a symlink; refusing to replace it")
-    if previous == entry["module_file"]:
-        return previous
-    _replace_link(link, entry["module_file"])
+    previous = current_class_link(trees, entry, module_class)
+    if previous != entry["module_file"]:
+        _replace_link(class_link_path(trees, entry, module_class), entry["module_file"])
     return previous
 
 

@@ -22,8 +22,9 @@ import stat
 from ..common import errors, fsutil
 
 # One path component of a module name: what EasyBuild writes (Name, version-toolchain).
-_COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
-RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*\Z")
+# \Z, not $: "$" also matches before a final newline, which would let "run1\n" through.
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 GENERATIONS = ".eb-staged-rebuild"
 
 

@@ -44,15 +44,21 @@ def owner_write_window(directory):
     moving the directory to another parent (which rewrites its ``..`` entry), both need
     write access to the directory itself.
     """
-    mode = stat.S_IMODE(os.lstat(directory).st_mode)
-    if mode & stat.S_IWUSR:
-        yield
-        return
-    os.chmod(directory, mode | stat.S_IWUSR)
+    # Through a descriptor: the block may rename the directory (stage-move does), and the
+    # mode must come back on the directory itself, not on the name it had.
+    fd = fsutil.open_nofollow(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        yield
+        mode = stat.S_IMODE(os.fstat(fd).st_mode)
+        if mode & stat.S_IWUSR:
+            yield
+            return
+        os.fchmod(fd, mode | stat.S_IWUSR)
+        try:
+            yield
+        finally:
+            os.fchmod(fd, mode)
     finally:
-        os.chmod(directory, mode)
+        os.close(fd)
 
 
 def record_live(journal, entry, skip):

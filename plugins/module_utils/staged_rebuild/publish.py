@@ -25,10 +25,10 @@ class Transaction:
         self.faults = faults
         self.undo = []
 
-    def run(self, step, action, inverse):
-        """Journal ``step``, run ``action``; remember ``inverse(result)`` once it succeeded."""
+    def run(self, step, action, inverse, **fields):
+        """Journal ``step`` (with ``fields``), run ``action``; remember ``inverse(result)``."""
         self.faults.before(step)
-        entry = self.journal.start(step)
+        entry = self.journal.start(step, **fields)
         result = action()
         self.undo.append((step, lambda: inverse(result)))
         self.faults.before("journal " + step)
@@ -75,7 +75,7 @@ def apply(transaction, trees, entries):
     for entry in entries:
         transaction.run(
             "swap " + entry["module"],
-            lambda entry=entry: operations.exchange(entry, on_step=_fallback_journal(transaction, entry)),
+            lambda entry=entry: _exchange_journaled(transaction, entry),
             lambda _method, entry=entry: operations.exchange(entry),
         )
     for entry in entries:
@@ -85,31 +85,39 @@ def apply(transaction, trees, entries):
             lambda _none, entry=entry: operations.restore_module(entry),
         )
         for module_class in entry.get("class_links", []):
+            # What the link was is journaled (with the step) before the link changes, so that a
+            # crash right after the change still leaves resume the target to put back.
+            previous = operations.current_class_link(trees, entry, module_class)
+            entry.setdefault("class_link_previous", {})[module_class] = previous
             transaction.run(
-                "class-link {} {}".format(module_class, entry["module"]),
-                lambda entry=entry, module_class=module_class: _set_class_link(trees, entry, module_class),
-                lambda previous, entry=entry, module_class=module_class: operations.restore_class_link(
-                    trees, entry, module_class, previous
+                f"class-link {module_class} {entry['module']}",
+                lambda entry=entry, module_class=module_class: operations.set_class_link(
+                    trees, entry, module_class
+                ),
+                lambda _previous, entry=entry, module_class=module_class, previous=previous: (
+                    operations.restore_class_link(trees, entry, module_class, previous)
                 ),
             )
 
 
-def _set_class_link(trees, entry, module_class):
-    previous = operations.set_class_link(trees, entry, module_class)
-    # Rollback and resume restore this; the journal write that follows makes it durable.
-    entry.setdefault("class_link_previous", {})[module_class] = previous
-    return previous
-
-
-def _fallback_journal(transaction, entry):
-    """Journal each rename of the three-rename fallback before it happens (resume reads them)."""
+def _exchange_journaled(transaction, entry):
+    """The swap, with each rename of the three-rename fallback journaled before it happens
+    (resume reads them) and marked done when the next one starts or the swap returns."""
+    started = []
 
     def on_step(name):
-        if name != swap.STEP_EXCHANGE:
-            transaction.faults.before("{} {}".format(name, entry["module"]))
-            transaction.journal.start("{} {}".format(name, entry["module"]))
+        if name == swap.STEP_EXCHANGE:
+            return
+        if started:
+            transaction.journal.finish(started[-1])
+        step = f"{name} {entry['module']}"
+        transaction.faults.before(step)
+        started.append(transaction.journal.start(step))
 
-    return on_step
+    method = operations.exchange(entry, on_step=on_step)
+    if started:
+        transaction.journal.finish(started[-1])
+    return method
 
 
 def publish(journal, trees, faults, ledger_config=None):
@@ -119,10 +127,12 @@ def publish(journal, trees, faults, ledger_config=None):
         journal.set_state("publishing")
         apply(transaction, trees, journal.modules)
         if ledger_config:
+            # The length before the append is journaled first: resume cuts a crashed run's lines.
             transaction.run(
                 "ledger",
                 lambda: ledger.append(ledger_config, ledger.records(journal, ledger_config)),
                 lambda length: ledger.truncate(ledger_config, length),
+                ledger_length=ledger.length(ledger_config),
             )
         faults.before("state published")
         journal.set_state("published")

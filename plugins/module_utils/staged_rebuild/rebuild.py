@@ -95,6 +95,13 @@ def rebuild(request, state_root, faults, progress, env):
     ledger_config = ledger.load_config(request["ledger_config"]) if request.get("ledger_config") else None
     state_root = paths.prepare_state_root(state_root)
     with locking.StateLock(state_root, request.get("lock_timeout", 0)):
+        interrupted = [
+            run.run_id for run in journals.run_journals(state_root) if run.state in journals.INTERRUPTED
+        ]
+        if interrupted:
+            raise errors.UsageError(
+                f"run {', '.join(interrupted)} was interrupted; 'eb-staged-rebuild resume' finishes it first"
+            )
         journal = journals.Journal.create(
             os.path.join(state_root, "runs"),
             run_id,
@@ -172,7 +179,12 @@ def build_and_publish(journal, trees, faults, progress, env):
         journal.data["refused"] = True
         journal.set_state("failed")
         raise
-    publish.publish(journal, trees, faults, ledger_config)
+    try:
+        publish.publish(journal, trees, faults, ledger_config)
+    except BaseException:
+        if journal.state == "failed":  # fully reversed: the new tree was never live
+            _discard_stage(journal, generation)
+        raise
     _remove_generation(generation)
     return {
         "run_id": journal.run_id,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 from . import journal as journals
-from . import modulefile, operations, swap
+from . import ledger, modulefile, operations, swap
 
 
 def _module_is_new(entry):
@@ -55,6 +55,11 @@ def return_to_old(journal, trees):
             operations.restore_module(entry)
             journal.finish(step)
             actions.append("{}: module file restored".format(entry["module"]))
+    config = journal.data.get("request", {}).get("ledger_config")
+    ledger_steps = [step for step in journal.data["steps"] if step["step"] == "ledger"] if config else []
+    for step in ledger_steps:
+        if ledger.remove_run_records(ledger.load_config(config), step["ledger_length"], journal.run_id):
+            actions.append("ledger records of the run removed")
     for entry in reversed(journal.modules):
         if _is_swapped(entry):
             step = journal.start("resume swap " + entry["module"])

@@ -10,9 +10,22 @@ nothing.
 
 from __future__ import annotations
 
+import os
+
 from ..common import errors
 from . import operations
 from .publish import Transaction
+
+
+def _require_still_live(journal, entry):
+    """Only the tree this run published may be exchanged back: a later run over the same
+    module would otherwise have the original put live under its feet, and this run's sibling
+    would end up holding the later run's tree."""
+    if os.lstat(entry["stable_path"]).st_ino != entry.get("stage_ino"):
+        raise errors.UsageError(
+            f"run {journal.run_id} is no longer live at {entry['stable_path']}: a later run replaced it; "
+            "roll that run back first"
+        )
 
 
 def rollback(journal, trees, faults):
@@ -27,6 +40,8 @@ def rollback(journal, trees, faults):
             f"run {journal.run_id} is {journal.state}, not published; only a published run can be rolled back"
             " ('eb-staged-rebuild resume' finishes an interrupted one)"
         )
+    for entry in journal.modules:
+        _require_still_live(journal, entry)
     transaction = Transaction(journal, faults)
     entries = list(reversed(journal.modules))
     try:

@@ -1,0 +1,431 @@
+"""The ``eb-staged-rebuild`` command in-process: ``cli.main([...])`` with its output captured.
+
+Output shape (one JSON document with ``--json``, text otherwise), exit codes, and the
+one-line error contract. Builds use the test builder ``tests/builders/fake-eb`` as ``--eb``;
+``FAKE_EB_ARGS_LOG`` records every call of it, which is how a dry run is shown not to
+build.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+
+from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import backends, cli
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import journal as journals
+from tests.integration.harness.staged import FAKE_EB, StagedSite
+
+APP = "TinyApp/1.0"
+PROG = "eb-staged-rebuild: "
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    # The parser takes defaults from the environment; none may leak in from the caller's.
+    for name in ("EB_STAGED_REBUILD_STATE_ROOT", "EB_STAGED_REBUILD_EB", "EB_STAGED_REBUILD_GRACE_HOURS"):
+        monkeypatch.delenv(name, raising=False)
+    return StagedSite(installpath=tmp_path / "apps", state_root=tmp_path / "state", package_root=tmp_path)
+
+
+@pytest.fixture
+def installed(site, tmp_path, monkeypatch):
+    """``site`` with APP installed live by the test builder."""
+    site.install(APP)
+    # Set after the install: from here on, every call of the builder is the tool's.
+    monkeypatch.setenv("FAKE_EB_ARGS_LOG", str(tmp_path / "eb-calls.jsonl"))
+    return site
+
+
+def _eb_calls(tmp_path):
+    log = tmp_path / "eb-calls.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def _main(site, *args):
+    return cli.main(["--state-root", str(site.state_root), *args])
+
+
+def _rebuild_args(site, *extra, run_id="run1"):
+    return [
+        "rebuild",
+        f"--installpath={site.installpath}",
+        "--module",
+        APP,
+        f"--eb={FAKE_EB}",
+        f"--run-id={run_id}",
+        *extra,
+        "--",
+        "TinyApp-1.0.eb",
+    ]
+
+
+def _one_line_error(captured):
+    assert captured.out == ""
+    assert captured.err.startswith(PROG)
+    assert captured.err.endswith("\n")
+    assert captured.err.count("\n") == 1
+    assert "Traceback" not in captured.err
+    return captured.err[len(PROG) : -1]
+
+
+def _interrupted_run(site, run_id="run1"):
+    (site.state_root / "runs").mkdir(parents=True, exist_ok=True)
+    return journals.Journal.create(str(site.state_root / "runs"), run_id, kind="publish", state="building")
+
+
+# --json and text output
+
+
+def test_json_prints_one_json_document(site, capsys):
+    _interrupted_run(site)
+    capsys.readouterr()
+
+    code = _main(site, "--json", "status")
+
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.endswith("\n")
+    assert out.count("\n") == 1
+    assert [run["run_id"] for run in json.loads(out)["runs"]] == ["run1"]
+
+
+def test_text_output_prints_keys_lists_and_scalars_as_lines(site, capsys):
+    _interrupted_run(site)
+
+    code = _main(site, "status")
+
+    out = capsys.readouterr().out
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == "runs:"
+    assert lines[1].startswith("  {")
+    assert json.loads(lines[1])["run_id"] == "run1"
+
+
+def test_text_output_of_gc_names_each_list_and_the_change(site, capsys):
+    (site.state_root / "runs").mkdir(parents=True)
+
+    code = _main(site, "gc")
+
+    assert code == 0
+    assert capsys.readouterr().out == (
+        "removed:\nkept:\nmanual:\ninterrupted:\nchanged: False\ndry_run: False\n"
+    )
+
+
+def test_a_result_with_interrupted_runs_exits_1(site, capsys):
+    _interrupted_run(site)
+
+    code = _main(site, "--json", "gc")
+
+    report = json.loads(capsys.readouterr().out)
+    assert code == errors.EXIT_WARNINGS
+    assert [run["run_id"] for run in report["interrupted"]] == ["run1"]
+
+
+def test_the_state_root_can_come_from_the_environment(site, capsys, monkeypatch):
+    _interrupted_run(site)
+    monkeypatch.setenv("EB_STAGED_REBUILD_STATE_ROOT", str(site.state_root))
+
+    code = cli.main(["--json", "status"])
+
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["runs"][0]["run_id"] == "run1"
+
+
+def test_main_puts_the_previous_sigterm_handler_back(site, capsys):
+    (site.state_root / "runs").mkdir(parents=True)
+    before = signal.getsignal(signal.SIGTERM)
+
+    _main(site, "status")
+    _main(site, "status", "missing")
+
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+# errors: one line, exit 2, no traceback
+
+
+def test_a_missing_state_root_is_one_line_and_exit_2(site, capsys):
+    code = cli.main(["status"])
+
+    assert code == errors.EXIT_ERROR
+    assert _one_line_error(capsys.readouterr()) == (
+        "no state root: give --state-root DIR or set EB_STAGED_REBUILD_STATE_ROOT"
+    )
+
+
+def test_a_state_root_that_never_had_runs_is_refused(site, capsys):
+    code = _main(site, "--json", "status")
+
+    assert code == 2
+    assert _one_line_error(capsys.readouterr()) == (
+        f"state root {site.state_root} has no runs (nothing was ever published with it)"
+    )
+    assert not site.state_root.exists()
+
+
+def test_an_unknown_run_is_one_line_and_exit_2(site, capsys):
+    (site.state_root / "runs").mkdir(parents=True)
+
+    code = _main(site, "rollback", "nope")
+
+    assert code == 2
+    assert _one_line_error(capsys.readouterr()) == f"no run nope under {site.state_root}/runs"
+
+
+def test_a_run_id_that_is_not_a_plain_name_is_refused_by_rollback(site, capsys):
+    (site.state_root / "runs").mkdir(parents=True)
+
+    code = _main(site, "rollback", "../state")
+
+    assert code == 2
+    assert "is not a plain name" in _one_line_error(capsys.readouterr())
+
+
+@pytest.mark.parametrize("command", ["resume", "status"])
+def test_a_run_id_that_leaves_runs_is_refused_by_every_command_that_takes_one(site, capsys, command):
+    # A journal beside runs/ is not a run of this state root; resume would act on it.
+    (site.state_root / "runs").mkdir(parents=True)
+    outside = journals.Journal.create(str(site.state_root), "outside", kind="publish", state="publishing")
+    before = (site.state_root / "outside" / "journal.json").read_bytes()
+
+    code = _main(site, command, "../outside")
+
+    assert code == 2
+    assert "is not a plain name" in _one_line_error(capsys.readouterr())
+    assert (site.state_root / "outside" / "journal.json").read_bytes() == before
+    assert outside.state == "publishing"
+
+
+def test_a_broken_journal_is_one_line_and_exit_2(site, capsys):
+    (site.state_root / "runs" / "run1").mkdir(parents=True)
+    (site.state_root / "runs" / "run1" / "journal.json").write_text('{"schema": 2, "ki')
+
+    code = _main(site, "status")
+
+    assert code == 2
+    assert "is truncated or not JSON" in _one_line_error(capsys.readouterr())
+
+
+def test_an_os_error_is_one_line_naming_the_path_and_exit_2(site, capsys):
+    # retired/ is a regular file: creating the state root's layout fails with EEXIST.
+    (site.state_root / "runs").mkdir(parents=True)
+    (site.state_root / "retired").write_text("not a directory\n")
+
+    code = _main(site, "status")
+
+    assert code == 2
+    assert _one_line_error(capsys.readouterr()) == f"File exists ({site.state_root}/retired)"
+
+
+def test_a_bad_environment_number_is_one_line_and_exit_2(site, capsys, monkeypatch):
+    (site.state_root / "runs").mkdir(parents=True)
+    monkeypatch.setenv("EB_STAGED_REBUILD_GRACE_HOURS", "a week")
+
+    code = _main(site, "gc")
+
+    assert code == 2
+    assert _one_line_error(capsys.readouterr()) == "EB_STAGED_REBUILD_GRACE_HOURS='a week' is not a number"
+
+
+def test_a_negative_grace_period_is_refused(site, capsys):
+    (site.state_root / "runs").mkdir(parents=True)
+
+    code = _main(site, "gc", "--grace-hours", "-1")
+
+    assert code == 2
+    assert _one_line_error(capsys.readouterr()) == "--grace-hours must not be negative"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--module", "../etc"], "--module '../etc' is not NAME/VERSION"),
+        (["--module", "Missing/1.0"], "Missing/1.0 is not installed"),
+        (["--backend", "bwrap"], "--backend bwrap is not available"),
+        (["--run-id", "a/b"], "run id 'a/b' is not a plain name"),
+        (["--eb", "/nonexistent/eb"], "EasyBuild command /nonexistent/eb is not an executable file"),
+    ],
+)
+def test_a_refused_rebuild_request_is_one_line_and_writes_nothing(
+    installed, capsys, tmp_path, extra, message
+):
+    before = installed.snapshot()
+
+    code = _main(installed, *_rebuild_args(installed)[:-2], *extra, "--", "TinyApp-1.0.eb")
+
+    assert code == 2
+    assert message in _one_line_error(capsys.readouterr())
+    assert installed.snapshot() == before
+    assert not installed.state_root.exists()
+    assert _eb_calls(tmp_path) == []
+
+
+def test_a_rebuild_without_an_install_path_is_refused(site, capsys, monkeypatch):
+    monkeypatch.delenv("EASYBUILD_INSTALLPATH", raising=False)
+
+    code = _main(site, "rebuild", "--module", APP, f"--eb={FAKE_EB}")
+
+    assert code == 2
+    assert _one_line_error(capsys.readouterr()).startswith("no install path")
+
+
+def test_debug_re_raises_an_expected_error(site, capsys):
+    with pytest.raises(errors.UsageError, match="no state root"):
+        cli.main(["--debug", "status"])
+
+    assert capsys.readouterr().err == ""
+
+
+def test_debug_re_raises_an_os_error(site, capsys):
+    (site.state_root / "runs").mkdir(parents=True)
+    (site.state_root / "retired").write_text("not a directory\n")
+
+    with pytest.raises(FileExistsError):
+        _main(site, "--debug", "status")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate'"),
+        ([], "the following arguments are required: COMMAND"),
+        (["gc", "--grace-hours", "soon"], "argument --grace-hours: invalid float value: 'soon'"),
+        (["retire", "/apps/modules/all/A/1.lua"], "the following arguments are required: --reason"),
+    ],
+    ids=["unknown-command", "no-command", "bad-number", "missing-option"],
+)
+def test_bad_usage_is_one_line_and_exit_2(site, capsys, argv, message):
+    code = cli.main(argv)
+
+    assert code == 2
+    error = _one_line_error(capsys.readouterr())
+    assert error.startswith(message)
+    assert "(see 'eb-staged-rebuild" in error
+    assert error.endswith(" --help')")
+
+
+def test_a_negative_lock_timeout_is_refused(site, capsys):
+    (site.state_root / "runs").mkdir(parents=True)
+
+    code = _main(site, "--lock-timeout", "-1", "gc")
+
+    assert code == 2
+    assert "lock timeout must be 0 or more seconds" in _one_line_error(capsys.readouterr())
+
+
+# rebuild --dry-run
+
+
+def _expected_command(site, *kept):
+    generation = site.software / ".eb-staged-rebuild" / "run1"
+    return [
+        str(FAKE_EB),
+        *kept,
+        "--rebuild",
+        f"--installpath-software={generation}/software",
+        f"--installpath-modules={generation}/modules",
+    ]
+
+
+def test_dry_run_prints_the_exact_command_and_writes_nothing(installed, capsys, tmp_path):
+    before = installed.snapshot()
+
+    code = _main(installed, "--json", *_rebuild_args(installed, "--dry-run"))
+
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert result["command"] == _expected_command(installed, "TinyApp-1.0.eb")
+    assert (result["dry_run"], result["changed"], result["modules"]) == (True, False, [APP])
+    assert (result["backend"], result["sandboxed"]) == ("installpath", False)
+    assert set(result["probes"]) == {"bwrap", "userns", "max_user_namespaces"}
+    assert not installed.state_root.exists()
+    assert not (installed.software / ".eb-staged-rebuild").exists()
+    assert installed.snapshot() == before
+    assert _eb_calls(tmp_path) == []
+
+
+def test_dry_run_lists_the_options_it_removed(installed, capsys):
+    args = [
+        *_rebuild_args(installed, "--dry-run")[:-1],
+        "--installpath=/elsewhere",
+        "--robot",
+        "TinyApp-1.0.eb",
+    ]
+
+    _main(installed, "--json", *args)
+
+    result = json.loads(capsys.readouterr().out)
+    assert result["removed_options"] == ["--installpath=/elsewhere"]
+    assert result["command"] == _expected_command(installed, "--robot", "TinyApp-1.0.eb")
+
+
+def test_dry_run_as_text_prints_each_argument_of_the_command(installed, capsys):
+    code = _main(installed, *_rebuild_args(installed, "--dry-run"))
+
+    out = capsys.readouterr().out
+    assert code == 0
+    lines = out.splitlines()
+    start = lines.index("command:")
+    assert lines[start + 1 : start + 6] == [
+        "  " + arg for arg in _expected_command(installed, "TinyApp-1.0.eb")
+    ]
+    assert "dry_run: True" in lines
+    assert not installed.state_root.exists()
+
+
+# rebuild for real, in-process
+
+
+def test_rebuild_with_json_prints_one_document_and_only_the_warning_on_stderr(installed, capsys, tmp_path):
+    code = _main(installed, "--json", *_rebuild_args(installed))
+
+    captured = capsys.readouterr()
+    assert code == 0
+    assert captured.out.count("\n") == 1
+    result = json.loads(captured.out)
+    assert (result["run_id"], result["state"], result["changed"]) == ("run1", "published", True)
+    assert captured.err == backends.UNSANDBOXED + "\n"
+    assert installed.payload(APP) == "new build"
+    assert len(_eb_calls(tmp_path)) == 1
+
+
+def test_rebuild_as_text_streams_easybuilds_progress_to_stderr(installed, capsys):
+    code = _main(installed, *_rebuild_args(installed))
+
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "== building and installing TinyApp/1.0..." in captured.err.splitlines()
+    assert "state: published" in captured.out.splitlines()
+
+
+def test_a_failed_build_is_one_line_and_exit_2(installed, capsys, monkeypatch):
+    monkeypatch.setenv("FAKE_EB_FAIL", "1")
+    before = installed.snapshot()
+
+    code = _main(installed, "--json", *_rebuild_args(installed))
+
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.out == ""
+    last = captured.err.splitlines()[-1]
+    assert last.startswith(PROG + "EasyBuild failed (exit 1); nothing was swapped")
+    assert "Traceback" not in captured.err
+    assert installed.snapshot() == before
+
+
+def test_rebuild_then_rollback_in_process(installed, capsys):
+    old_inode = installed.live(APP).stat().st_ino
+    assert _main(installed, "--json", *_rebuild_args(installed)) == 0
+    capsys.readouterr()
+
+    code = _main(installed, "--json", "rollback", "run1")
+
+    assert code == 0
+    assert json.loads(capsys.readouterr().out) == {"run_id": "run1", "changed": True, "state": "rolled_back"}
+    assert installed.live(APP).stat().st_ino == old_inode
+    assert installed.payload(APP) == "old"

@@ -1,0 +1,486 @@
+"""``gc``: which retired trees go, which stay, and what it refuses to touch.
+
+Journals are written with ``Journal.create`` into a real state root and the trees they name
+are real directories; the clock is the ``now`` argument, so the grace arithmetic is exact.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import pytest
+
+from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import gc
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import journal as journals
+
+T0 = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.timezone.utc)
+HOUR = datetime.timedelta(hours=1)
+GRACE = gc.DEFAULT_GRACE_HOURS * HOUR
+
+
+class Site:
+    """A live tree under ``root/apps`` and a state root at ``root/state``."""
+
+    def __init__(self, root):
+        self.software = root / "apps" / "software"
+        self.modules = root / "apps" / "modules"
+        self.state_root = root / "state"
+        (self.state_root / "runs").mkdir(parents=True)
+        self.software.mkdir(parents=True)
+
+    @property
+    def runs(self):
+        return self.state_root / "runs"
+
+    def stable(self, module):
+        return self.software / module
+
+    def sibling(self, module, run_id):
+        name, version = module.split("/")
+        return self.software / name / f".{version}.{run_id}"
+
+    def module_file(self, module):
+        return self.modules / "all" / (module + ".lua")
+
+    def _tree(self, path, payload):
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "PAYLOAD").write_text(payload + "\n")
+        return path
+
+    def publish_run(self, run_id, *modules, state="published", since=T0, retired_paths=None):
+        """A publish journal, its live trees, its retired siblings and its live module files."""
+        journal = journals.Journal.create(
+            str(self.runs),
+            run_id,
+            kind="publish",
+            state=state,
+            trees={"software": str(self.software), "modules": str(self.modules)},
+        )
+        for module in modules or ("TinyApp/1.0",):
+            name, version = module.split("/")
+            stable = self._tree(self.stable(module), "new")
+            sibling = self._tree(self.sibling(module, run_id), "old")
+            module_file = self.module_file(module)
+            module_file.parent.mkdir(parents=True, exist_ok=True)
+            module_file.write_text(f'local root = "{stable}"\n')
+            journal.modules.append(
+                {
+                    "module": module,
+                    "name": name,
+                    "version": version,
+                    "stable_path": str(stable),
+                    "retired_path": (retired_paths or {}).get(module, str(sibling)),
+                    "module_file": str(module_file),
+                }
+            )
+        _age(journal, since)
+        return journal
+
+    def retire_run(self, run_id, software_dir, state="retired", since=T0, module_file=None):
+        """A retire journal for ``software_dir`` (its module file already moved away)."""
+        module_file = module_file or self.modules / "all" / "Moved" / "1.0.lua"
+        journal = journals.Journal.create(
+            str(self.runs),
+            run_id,
+            kind="retire",
+            state=state,
+            module_file=str(module_file),
+            retired_to=str(self.state_root / "retired" / "stamp" / str(module_file).lstrip("/")),
+            module_sha256="00" * 32,
+            software_dir=str(software_dir),
+            reason="on CVMFS",
+            retired_at=since.isoformat(),
+        )
+        _age(journal, since)
+        return journal
+
+    def gc(self, now, **kwargs):
+        return gc.gc(str(self.state_root), now=now, **kwargs)
+
+
+def _age(journal, since):
+    journal.data["state_since"] = since.isoformat()
+    journal.data["created"] = since.isoformat()
+    journal.save()
+
+
+@pytest.fixture
+def site(tmp_path):
+    return Site(tmp_path)
+
+
+def _identity(path):
+    return (os.lstat(path).st_ino, (path / "PAYLOAD").read_text())
+
+
+# the grace period
+
+
+def test_a_sibling_inside_the_grace_period_is_kept(site):
+    site.publish_run("run1")
+
+    report = site.gc(now=T0 + GRACE - datetime.timedelta(microseconds=1))
+
+    assert report["kept"] == [
+        {"path": str(site.sibling("TinyApp/1.0", "run1")), "run_id": "run1", "why": "grace period"}
+    ]
+    assert report["removed"] == []
+    assert report["changed"] is False
+    assert site.sibling("TinyApp/1.0", "run1").is_dir()
+
+
+def test_a_sibling_is_removed_when_the_grace_period_has_just_elapsed(site):
+    site.publish_run("run1")
+    live = _identity(site.stable("TinyApp/1.0"))
+
+    report = site.gc(now=T0 + GRACE)
+
+    assert report["removed"] == [{"path": str(site.sibling("TinyApp/1.0", "run1")), "run_id": "run1"}]
+    assert report["changed"] is True
+    assert not os.path.lexists(site.sibling("TinyApp/1.0", "run1"))
+    assert _identity(site.stable("TinyApp/1.0")) == live
+
+
+def test_the_default_grace_is_120_hours_of_walltime_plus_24(site):
+    assert gc.DEFAULT_GRACE_HOURS == 144.0
+
+
+@pytest.mark.parametrize(
+    ("grace_hours", "elapsed", "removed"),
+    [
+        (1.5, datetime.timedelta(minutes=89, seconds=59), False),
+        (1.5, datetime.timedelta(minutes=90), True),
+        (0, datetime.timedelta(0), True),
+        (24, datetime.timedelta(hours=23), False),
+        (24, datetime.timedelta(days=30), True),
+    ],
+)
+def test_the_grace_period_is_the_given_hours_after_the_last_change_of_state(
+    site, grace_hours, elapsed, removed
+):
+    site.publish_run("run1")
+
+    report = site.gc(now=T0 + elapsed, grace_hours=grace_hours)
+
+    assert bool(report["removed"]) is removed
+    assert os.path.lexists(site.sibling("TinyApp/1.0", "run1")) is not removed
+
+
+def test_the_grace_period_counts_from_state_since_not_from_creation(site):
+    journal = site.publish_run("run1")
+    journal.data["created"] = (T0 - 30 * 24 * HOUR).isoformat()
+    journal.save()
+
+    report = site.gc(now=T0 + HOUR)
+
+    assert report["removed"] == []
+    assert site.sibling("TinyApp/1.0", "run1").is_dir()
+
+
+def test_the_grace_period_counts_from_creation_when_state_since_is_missing(site):
+    journal = site.publish_run("run1")
+    del journal.data["state_since"]
+    journal.save()
+
+    assert site.gc(now=T0 + GRACE)["removed"] != []
+
+
+def test_a_dry_run_lists_what_it_would_remove_and_removes_nothing(site):
+    site.publish_run("run1")
+    generation = site.software / ".eb-staged-rebuild" / "run1"
+    generation.mkdir(parents=True)
+
+    report = site.gc(now=T0 + GRACE, dry_run=True)
+
+    assert report["removed"] == [{"path": str(site.sibling("TinyApp/1.0", "run1")), "run_id": "run1"}]
+    assert (report["changed"], report["dry_run"]) == (False, True)
+    assert site.sibling("TinyApp/1.0", "run1").is_dir()
+    assert generation.is_dir()
+
+
+def test_a_sibling_that_is_gone_already_is_not_reported(site):
+    site.publish_run("run1")
+    site.sibling("TinyApp/1.0", "run1").joinpath("PAYLOAD").unlink()
+    site.sibling("TinyApp/1.0", "run1").rmdir()
+
+    report = site.gc(now=T0 + GRACE)
+
+    assert (report["removed"], report["kept"], report["changed"]) == ([], [], False)
+
+
+def test_each_run_is_judged_by_its_own_clock(site):
+    site.publish_run("old-run", "TinyApp/1.0", since=T0)
+    site.publish_run("new-run", "TinyLib/1.0", since=T0 + 100 * HOUR)
+
+    report = site.gc(now=T0 + GRACE)
+
+    assert [entry["run_id"] for entry in report["removed"]] == ["old-run"]
+    assert [entry["run_id"] for entry in report["kept"]] == ["new-run"]
+
+
+def test_the_runs_build_area_goes_with_its_siblings(site):
+    site.publish_run("run1")
+    generation = site.software / ".eb-staged-rebuild" / "run1"
+    (generation / "software").mkdir(parents=True)
+
+    site.gc(now=T0 + GRACE - HOUR)
+    assert generation.is_dir()
+
+    site.gc(now=T0 + GRACE)
+    assert not os.path.lexists(generation)
+
+
+def test_a_multi_module_run_removes_every_recorded_sibling(site):
+    site.publish_run("run1", "TinyLib/1.0", "TinyApp/1.0")
+
+    report = site.gc(now=T0 + GRACE)
+
+    assert sorted(entry["path"] for entry in report["removed"]) == sorted(
+        [str(site.sibling("TinyApp/1.0", "run1")), str(site.sibling("TinyLib/1.0", "run1"))]
+    )
+    assert site.stable("TinyApp/1.0").is_dir()
+    assert site.stable("TinyLib/1.0").is_dir()
+
+
+# what gc refuses to remove
+
+
+def test_a_journal_doctored_to_name_the_stable_path_stops_gc_and_the_stable_path_stays(site):
+    stable = str(site.stable("TinyApp/1.0"))
+    site.publish_run("run1", retired_paths={"TinyApp/1.0": stable})
+    live = _identity(site.stable("TinyApp/1.0"))
+
+    with pytest.raises(errors.JournalError) as raised:
+        site.gc(now=T0 + 10 * GRACE)
+
+    assert str(raised.value) == (
+        f"run run1 records {stable}, which is not a hidden sibling of {stable}; gc stops"
+    )
+    assert _identity(site.stable("TinyApp/1.0")) == live
+
+
+@pytest.mark.parametrize(
+    "doctored",
+    [
+        "{software}/TinyApp/.1.0.other-run",
+        "{software}/TinyApp/1.0/..",
+        "{software}/TinyApp/1.0/.",
+        "{software}/TinyApp",
+        "{software}/Other/.1.0.run1",
+        "{software}/TinyApp/sub/.1.0.run1",
+    ],
+)
+def test_a_journal_naming_anything_but_the_runs_hidden_sibling_stops_gc(site, doctored):
+    site.publish_run("run1")
+    target = doctored.format(software=site.software)
+    os.makedirs(target, exist_ok=True)
+    before = {path: _identity(site.software / path) for path in ("TinyApp/1.0", "TinyApp/.1.0.run1")}
+    journal = journals.find(str(site.state_root), "run1")
+    journal.modules[0]["retired_path"] = target
+    journal.save()
+
+    with pytest.raises(errors.JournalError, match="gc stops"):
+        site.gc(now=T0 + 10 * GRACE)
+
+    assert os.path.isdir(target)
+    assert {path: _identity(site.software / path) for path in before} == before
+
+
+def test_a_sibling_that_is_a_symlink_stops_gc_and_its_target_stays(site, tmp_path):
+    site.publish_run("run1")
+    sibling = site.sibling("TinyApp/1.0", "run1")
+    (sibling / "PAYLOAD").unlink()
+    sibling.rmdir()
+    target = tmp_path / "precious"
+    target.mkdir()
+    (target / "PAYLOAD").write_text("precious\n")
+    sibling.symlink_to(target)
+
+    with pytest.raises(errors.JournalError, match="gc stops"):
+        site.gc(now=T0 + 10 * GRACE)
+
+    assert (target / "PAYLOAD").read_text() == "precious\n"
+
+
+def test_a_sibling_reached_through_a_symlinked_name_directory_is_not_removed(site, tmp_path):
+    # The journal is the run's own; afterwards someone replaced software/TinyApp by a link to
+    # another tree. The recorded names still match, but they now lead out of the software root.
+    site.publish_run("run1")
+    elsewhere = tmp_path / "elsewhere"
+    os.rename(site.software / "TinyApp", elsewhere)
+    (site.software / "TinyApp").symlink_to(elsewhere)
+
+    with pytest.raises(errors.HpcstackError):
+        site.gc(now=T0 + 10 * GRACE)
+
+    assert (elsewhere / ".1.0.run1" / "PAYLOAD").read_text() == "old\n"
+
+
+def test_a_recorded_sibling_outside_the_runs_software_root_is_not_removed(site, tmp_path):
+    # A consistent pair of stable and retired paths that lies outside the journal's trees.
+    site.publish_run("run1")
+    outside = tmp_path / "home" / "user"
+    (outside / ".data.run1").mkdir(parents=True)
+    (outside / ".data.run1" / "thesis.tex").write_text("precious\n")
+    journal = journals.find(str(site.state_root), "run1")
+    journal.modules[0].update(stable_path=str(outside / "data"), retired_path=str(outside / ".data.run1"))
+    journal.save()
+
+    with pytest.raises(errors.HpcstackError):
+        site.gc(now=T0 + 10 * GRACE)
+
+    assert (outside / ".data.run1" / "thesis.tex").read_text() == "precious\n"
+
+
+def test_one_unreadable_journal_stops_gc_before_anything_is_removed(site):
+    site.publish_run("run1")
+    (site.runs / "run2").mkdir()
+    (site.runs / "run2" / "journal.json").write_text('{"schema": 2, "kind"')
+
+    with pytest.raises(errors.JournalError, match="truncated"):
+        site.gc(now=T0 + GRACE)
+
+    assert site.sibling("TinyApp/1.0", "run1").is_dir()
+
+
+# interrupted runs
+
+
+@pytest.mark.parametrize("state", ["building", "planning", "publishing", "rolling_back"])
+def test_an_interrupted_publish_run_is_reported_and_its_sibling_kept(site, state):
+    site.publish_run("run1", state=state)
+
+    report = site.gc(now=T0 + 10 * GRACE)
+
+    assert report["interrupted"] == [
+        {"run_id": "run1", "state": state, "why": "interrupted: 'eb-staged-rebuild resume'"}
+    ]
+    assert report["removed"] == []
+    assert site.sibling("TinyApp/1.0", "run1").is_dir()
+
+
+def test_an_interrupted_retire_is_reported_with_its_rollback_command(site):
+    site.retire_run("retire-1", site.software / "Moved" / "1.0", state="retiring")
+
+    report = site.gc(now=T0 + 10 * GRACE)
+
+    assert report["interrupted"] == [
+        {
+            "run_id": "retire-1",
+            "state": "retiring",
+            "why": "interrupted: 'eb-staged-rebuild rollback retire-1'",
+        }
+    ]
+    assert (report["kept"], report["manual"]) == ([], [])
+
+
+@pytest.mark.parametrize("state", ["failed", "rolled_back"])
+def test_a_finished_run_that_did_not_publish_is_collected_too(site, state):
+    site.publish_run("run1", state=state)
+
+    report = site.gc(now=T0 + GRACE)
+
+    assert report["interrupted"] == []
+    assert [entry["run_id"] for entry in report["removed"]] == ["run1"]
+
+
+def test_a_state_root_without_runs_reports_nothing(site):
+    report = site.gc(now=T0)
+
+    assert report == {
+        "removed": [],
+        "kept": [],
+        "manual": [],
+        "interrupted": [],
+        "changed": False,
+        "dry_run": False,
+    }
+
+
+# retired module files: keep or manual, never deleted
+
+
+def _software_dir(site, name="Moved"):
+    path = site.software / name / "1.0"
+    (path / "bin").mkdir(parents=True)
+    return path
+
+
+def test_a_retired_software_dir_is_kept_during_the_grace_period(site):
+    software_dir = _software_dir(site)
+    site.retire_run("retire-1", software_dir)
+
+    report = site.gc(now=T0 + GRACE - HOUR)
+
+    assert report["kept"] == [{"path": str(software_dir), "run_id": "retire-1", "why": "grace period"}]
+    assert report["manual"] == []
+    assert software_dir.is_dir()
+
+
+def test_a_retired_software_dir_is_manual_after_the_grace_period_and_stays(site):
+    software_dir = _software_dir(site)
+    site.retire_run("retire-1", software_dir)
+
+    report = site.gc(now=T0 + GRACE)
+
+    assert report["manual"] == [
+        {
+            "path": str(software_dir),
+            "run_id": "retire-1",
+            "why": "retired; no tracked module uses it: delete it by hand when sure",
+        }
+    ]
+    assert (report["kept"], report["removed"], report["changed"]) == ([], [], False)
+    assert (software_dir / "bin").is_dir()
+
+
+def test_a_retired_software_dir_still_used_by_a_published_module_is_kept(site):
+    # A publish run's live module file (root = software/TinyApp/1.0) still resolves inside it.
+    site.publish_run("run1", since=T0 + HOUR)
+    site.retire_run("retire-1", site.stable("TinyApp/1.0"))
+
+    report = site.gc(now=T0 + 10 * GRACE)
+
+    assert {
+        "path": str(site.stable("TinyApp/1.0")),
+        "run_id": "retire-1",
+        "why": "a tracked module file uses it",
+    } in report["kept"]
+    assert report["manual"] == []
+    assert site.stable("TinyApp/1.0").is_dir()
+
+
+def test_a_module_file_that_a_rolled_back_retire_put_back_keeps_its_software_dir(site):
+    software_dir = _software_dir(site)
+    module_file = site.modules / "all" / "Moved" / "1.0.lua"
+    module_file.parent.mkdir(parents=True)
+    module_file.write_text(f'local root = "{software_dir}/bin/.."\n')
+    site.retire_run("retire-1", software_dir, state="rolled_back", module_file=module_file)
+    site.retire_run("retire-2", software_dir, since=T0 + HOUR)
+
+    report = site.gc(now=T0 + 10 * GRACE)
+
+    assert report["kept"] == [
+        {"path": str(software_dir), "run_id": "retire-2", "why": "a tracked module file uses it"}
+    ]
+
+
+def test_a_rolled_back_retire_is_not_itself_reported(site):
+    site.retire_run("retire-1", _software_dir(site), state="rolled_back")
+
+    report = site.gc(now=T0 + 10 * GRACE)
+
+    assert (report["kept"], report["manual"], report["interrupted"]) == ([], [], [])
+
+
+def test_a_tracked_root_that_only_shares_a_prefix_does_not_keep_a_retired_dir(site):
+    # software/Moved/1.0-extra is not inside software/Moved/1.0.
+    site.publish_run("run1", "Moved/1.0-extra")
+    software_dir = _software_dir(site)
+    site.retire_run("retire-1", software_dir)
+
+    report = site.gc(now=T0 + GRACE)
+
+    assert [entry["path"] for entry in report["manual"]] == [str(software_dir)]
