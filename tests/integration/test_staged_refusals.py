@@ -156,18 +156,18 @@ def case(name):
 
 
 @case("rebuild-live-version-missing")
-def _(bench):
+def case_rebuild_live_version_missing(bench):
     live = bench.site.live("TinyApp/2.0")
     return Attempt(bench.rebuild("TinyApp/2.0"), ("not installed", str(live)))
 
 
 @case("rebuild-live-name-missing")
-def _(bench):
+def case_rebuild_live_name_missing(bench):
     return Attempt(bench.rebuild("Ghost/1.0"), ("not installed", str(bench.site.live("Ghost/1.0"))))
 
 
 @case("rebuild-live-missing-while-its-module-file-exists")
-def _(bench):
+def case_rebuild_live_missing_while_its_module_file_exists(bench):
     module_file = bench.site.module_file("Ghost/1.0")
     module_file.parent.mkdir()
     module_file.write_text(f'local root = "{bench.site.live("Ghost/1.0")}"\n')
@@ -175,21 +175,21 @@ def _(bench):
 
 
 @case("rebuild-live-path-is-a-symlink")
-def _(bench):
+def case_rebuild_live_path_is_a_symlink(bench):
     live = bench.site.live(APP)
     bench.move_out(live, "TinyApp-1.0")
     return Attempt(bench.rebuild(APP), ("symbolic link", str(live)))
 
 
 @case("rebuild-live-name-dir-is-a-symlink")
-def _(bench):
+def case_rebuild_live_name_dir_is_a_symlink(bench):
     name_dir = bench.site.software / "TinyApp"
     bench.move_out(name_dir, "TinyApp")
     return Attempt(bench.rebuild(APP), ("symbolic link", str(name_dir)))
 
 
 @case("rebuild-live-path-is-a-file")
-def _(bench):
+def case_rebuild_live_path_is_a_file(bench):
     live = bench.site.live(APP)
     shutil.rmtree(live)
     live.write_text("not an install\n")
@@ -219,7 +219,7 @@ for _label, _value in MODULE_VALUES.items():
 
 
 @case("rebuild-module-value-bad-after-a-good-one")
-def _(bench):
+def case_rebuild_module_value_bad_after_a_good_one(bench):
     return Attempt(bench.rebuild_with([APP, "../x/1"]), ("not NAME/VERSION", "'../x/1'"))
 
 
@@ -227,14 +227,14 @@ def _(bench):
 
 
 @case("rebuild-module-name-dir-is-a-symlink")
-def _(bench):
+def case_rebuild_module_name_dir_is_a_symlink(bench):
     module_dir = bench.site.modules / "all" / "TinyApp"
     bench.move_out(module_dir, "modules-TinyApp")
     return Attempt(bench.rebuild(APP), ("symbolic link", str(module_dir)))
 
 
 @case("rebuild-module-name-dir-is-a-symlink-and-the-module-file-is-missing")
-def _(bench):
+def case_rebuild_module_name_dir_is_a_symlink_and_the_module_file_is_missing(bench):
     module_dir = bench.site.modules / "all" / "TinyLib"
     shutil.rmtree(module_dir)
     module_dir.symlink_to(bench.elsewhere("empty-module-dir"), target_is_directory=True)
@@ -242,14 +242,14 @@ def _(bench):
 
 
 @case("rebuild-modules-all-is-a-symlink")
-def _(bench):
+def case_rebuild_modules_all_is_a_symlink(bench):
     all_dir = bench.site.modules / "all"
     bench.move_out(all_dir, "modules-all")
     return Attempt(bench.rebuild(APP), ("symbolic link", str(all_dir)))
 
 
 @case("rebuild-module-file-is-a-symlink")
-def _(bench):
+def case_rebuild_module_file_is_a_symlink(bench):
     # Design item 12 allows this refusal to come in planning, after the build: then the run
     # leaves a failed journal, so only the live trees are compared.
     module_file = bench.site.module_file(APP)
@@ -261,7 +261,7 @@ def _(bench):
 
 
 @case("rebuild-installpath-software-without-modules")
-def _(bench):
+def case_rebuild_installpath_software_without_modules(bench):
     args = [
         "rebuild",
         f"--installpath-software={bench.site.software}",
@@ -274,28 +274,28 @@ def _(bench):
 
 
 @case("rebuild-installpath-modules-without-software")
-def _(bench):
+def case_rebuild_installpath_modules_without_software(bench):
     args = ["rebuild", f"--installpath-modules={bench.site.modules}", "--module", APP, "--", "TinyApp-1.0.eb"]
     return Attempt(args, ("--installpath-software and --installpath-modules go together",))
 
 
 @case("rebuild-no-installpath")
-def _(bench):
+def case_rebuild_no_installpath(bench):
     return Attempt(["rebuild", "--module", APP, "--", "TinyApp-1.0.eb"], ("no install path",))
 
 
 @case("rebuild-no-module")
-def _(bench):
+def case_rebuild_no_module(bench):
     return Attempt(["rebuild", f"--installpath={bench.site.installpath}", "--", "x.eb"], ("--module",))
 
 
 @case("rebuild-unknown-backend")
-def _(bench):
+def case_rebuild_unknown_backend(bench):
     return Attempt(bench.rebuild(APP, extra=("--backend", "bwrap")), ("--backend bwrap is not available",))
 
 
 @case("rebuild-eb-not-executable")
-def _(bench):
+def case_rebuild_eb_not_executable(bench):
     eb = bench.tmp_path / "eb"
     eb.write_text("#!/bin/sh\nexit 0\n")
     eb.chmod(0o644)
@@ -303,20 +303,20 @@ def _(bench):
 
 
 @case("rebuild-eb-missing")
-def _(bench):
+def case_rebuild_eb_missing(bench):
     eb = bench.tmp_path / "no-such-eb"
     return Attempt(bench.rebuild(APP, extra=("--eb", str(eb))), ("not an executable file", str(eb)))
 
 
 @case("rebuild-eb-is-a-directory")
-def _(bench):
+def case_rebuild_eb_is_a_directory(bench):
     eb = bench.elsewhere("eb-dir")
     eb.chmod(0o755)
     return Attempt(bench.rebuild(APP, extra=("--eb", str(eb))), ("not an executable file", str(eb)))
 
 
 @case("rebuild-eb-from-the-environment-not-executable")
-def _(bench):
+def case_rebuild_eb_from_the_environment_not_executable(bench):
     eb = bench.tmp_path / "eb"
     eb.write_text("#!/bin/sh\nexit 0\n")
     eb.chmod(0o600)
@@ -324,7 +324,7 @@ def _(bench):
 
 
 @case("rebuild-ledger-config-missing")
-def _(bench):
+def case_rebuild_ledger_config_missing(bench):
     config = bench.tmp_path / "no-ledger.json"
     return Attempt(
         bench.rebuild(APP, extra=("--ledger-config", str(config))),
@@ -333,14 +333,14 @@ def _(bench):
 
 
 @case("rebuild-ledger-config-not-json")
-def _(bench):
+def case_rebuild_ledger_config_not_json(bench):
     config = bench.tmp_path / "ledger.json"
     config.write_text('{"path": \n')
     return Attempt(bench.rebuild(APP, extra=("--ledger-config", str(config))), ("is not JSON", str(config)))
 
 
 @case("rebuild-ledger-config-relative-ledger-path")
-def _(bench):
+def case_rebuild_ledger_config_relative_ledger_path(bench):
     config = bench.tmp_path / "ledger.json"
     config.write_text(json.dumps({"path": "ledger.jsonl", "site": "test"}))
     return Attempt(
@@ -350,7 +350,7 @@ def _(bench):
 
 
 @case("rebuild-ledger-config-not-an-object")
-def _(bench):
+def case_rebuild_ledger_config_not_an_object(bench):
     config = bench.tmp_path / "ledger.json"
     config.write_text(json.dumps([str(bench.tmp_path / "ledger.jsonl")]))
     return Attempt(bench.rebuild(APP, extra=("--ledger-config", str(config))), ('"path"', str(config)))
@@ -366,50 +366,50 @@ for _label, _value in RUN_IDS.items():
 
 
 @case("rebuild-duplicate-module")
-def _(bench):
+def case_rebuild_duplicate_module(bench):
     return Attempt(bench.rebuild_with([APP, LIB, APP]), (f"--module {APP} is given twice",))
 
 
 @case("rebuild-existing-run-id-of-the-same-module")
-def _(bench):
+def case_rebuild_existing_run_id_of_the_same_module(bench):
     run_id = bench.publish(APP, run_id="r1")
     retired = bench.site.software / "TinyApp" / f".1.0.{run_id}"
     return Attempt(bench.rebuild(APP, extra=("--run-id", run_id)), ("exists already", str(retired)))
 
 
 @case("rebuild-existing-run-id-of-another-module")
-def _(bench):
+def case_rebuild_existing_run_id_of_another_module(bench):
     run_id = bench.publish(APP, run_id="r1")
     return Attempt(bench.rebuild(LIB, extra=("--run-id", run_id)), (f"run {run_id} exists already",))
 
 
 @case("rebuild-no-state-root")
-def _(bench):
+def case_rebuild_no_state_root(bench):
     return Attempt(bench.rebuild(APP), ("no state root",), state_root=None)
 
 
 @case("rebuild-state-root-is-a-symlink")
-def _(bench):
+def case_rebuild_state_root_is_a_symlink(bench):
     link = bench.tmp_path / "state-link"
     link.symlink_to(bench.elsewhere("state"), target_is_directory=True)
     return Attempt(bench.rebuild(APP), ("symbolic link", str(link)), state_root=link)
 
 
 @case("rebuild-state-root-has-a-symlink-component")
-def _(bench):
+def case_rebuild_state_root_has_a_symlink_component(bench):
     link = bench.tmp_path / "var-link"
     link.symlink_to(bench.elsewhere("var"), target_is_directory=True)
     return Attempt(bench.rebuild(APP), ("symbolic link", str(link)), state_root=link / "state")
 
 
 @case("rebuild-lock-held-by-another-process")
-def _(bench):
+def case_rebuild_lock_held_by_another_process(bench):
     bench.hold_lock()
     return Attempt(bench.rebuild(APP), ("is locked by another eb-staged-rebuild run", "waited 0 s"))
 
 
 @case("rebuild-lock-held-by-another-process-past-the-timeout")
-def _(bench):
+def case_rebuild_lock_held_by_another_process_past_the_timeout(bench):
     bench.hold_lock()
     return Attempt(
         ["--lock-timeout", "0.3", *bench.rebuild(APP)],
@@ -418,7 +418,7 @@ def _(bench):
 
 
 @case("rebuild-negative-lock-timeout-on-a-new-state-root")
-def _(bench):
+def case_rebuild_negative_lock_timeout_on_a_new_state_root(bench):
     return Attempt(["--lock-timeout", "-1", *bench.rebuild(APP)], ("lock timeout",))
 
 
@@ -445,7 +445,7 @@ for _schema in (1, 3):
 
 
 @case("unknown-schema-journal-status")
-def _(bench):
+def case_unknown_schema_journal_status(bench):
     run_id = bench.history()
     path = journal_path(bench.site.state_root, run_id)
     data = read_journal(bench.site.state_root, run_id)
@@ -477,31 +477,31 @@ for _label, _command in TRUNCATED_COMMANDS.items():
 
 
 @case("rollback-unknown-run-id")
-def _(bench):
+def case_rollback_unknown_run_id(bench):
     bench.history()
     return Attempt(["rollback", "20991231T000000Z-abcdef"], ("no run 20991231T000000Z-abcdef",))
 
 
 @case("status-unknown-run-id")
-def _(bench):
+def case_status_unknown_run_id(bench):
     bench.history()
     return Attempt(["status", "nope"], ("no run nope",))
 
 
 @case("resume-unknown-run-id")
-def _(bench):
+def case_resume_unknown_run_id(bench):
     bench.history()
     return Attempt(["resume", "nope"], ("no run nope",))
 
 
 @case("rollback-run-id-leaving-the-runs-dir")
-def _(bench):
+def case_rollback_run_id_leaving_the_runs_dir(bench):
     bench.history()
     return Attempt(["rollback", "../retired"], ("is not a plain name",))
 
 
 @case("rollback-of-a-failed-run")
-def _(bench):
+def case_rollback_of_a_failed_run(bench):
     done = run_tool(bench.site, bench.rebuild(APP), env={"FAKE_EB_FAIL": "1"})
     assert done.returncode == 2
     (run_id,) = os.listdir(bench.site.state_root / "runs")
@@ -509,7 +509,7 @@ def _(bench):
 
 
 @case("gc-journal-records-the-stable-path-as-retired")
-def _(bench):
+def case_gc_journal_records_the_stable_path_as_retired(bench):
     run_id = bench.publish(APP)
     path = journal_path(bench.site.state_root, run_id)
     data = read_journal(bench.site.state_root, run_id)
@@ -519,13 +519,13 @@ def _(bench):
 
 
 @case("gc-negative-grace-hours")
-def _(bench):
+def case_gc_negative_grace_hours(bench):
     bench.history()
     return Attempt(["gc", "--grace-hours", "-1"], ("--grace-hours must not be negative",))
 
 
 @case("gc-grace-hours-from-the-environment-not-a-number")
-def _(bench):
+def case_gc_grace_hours_from_the_environment_not_a_number(bench):
     bench.history()
     return Attempt(
         ["gc"],
@@ -535,13 +535,13 @@ def _(bench):
 
 
 @case("gc-grace-hours-from-the-environment-negative")
-def _(bench):
+def case_gc_grace_hours_from_the_environment_negative(bench):
     bench.history()
     return Attempt(["gc"], ("must not be negative",), env={"EB_STAGED_REBUILD_GRACE_HOURS": "-2"})
 
 
 @case("status-of-a-state-root-never-used")
-def _(bench):
+def case_status_of_a_state_root_never_used(bench):
     return Attempt(["status"], ("has no runs", str(bench.site.state_root)))
 
 
@@ -591,14 +591,14 @@ for _label, _command in STATE_COMMANDS.items():
 
 
 @case("retire-a-directory")
-def _(bench):
+def case_retire_a_directory(bench):
     bench.history()
     module_dir = bench.site.modules / "all" / "TinyLib"
     return Attempt(["retire", str(module_dir), "--reason", "moved"], ("not a regular file", str(module_dir)))
 
 
 @case("retire-a-fifo")
-def _(bench):
+def case_retire_a_fifo(bench):
     bench.history()
     fifo = bench.site.modules / "all" / "TinyLib" / "2.0.lua"
     os.mkfifo(fifo)
@@ -606,7 +606,7 @@ def _(bench):
 
 
 @case("retire-a-symlink")
-def _(bench):
+def case_retire_a_symlink(bench):
     bench.history()
     module_file = bench.site.module_file(LIB)
     bench.move_out(module_file, "modulefiles", "1.0.lua")
@@ -614,7 +614,7 @@ def _(bench):
 
 
 @case("retire-through-a-symlinked-directory")
-def _(bench):
+def case_retire_through_a_symlinked_directory(bench):
     bench.history()
     link = bench.tmp_path / "modules-link"
     link.symlink_to(bench.site.modules, target_is_directory=True)
@@ -623,7 +623,7 @@ def _(bench):
 
 
 @case("retire-without-root-assignment")
-def _(bench):
+def case_retire_without_root_assignment(bench):
     bench.history()
     module_file = bench.site.module_file(LIB)
     module_file.write_text('help([[no root here]])\nprepend_path("PATH", "/opt/tinylib/bin")\n')
@@ -633,7 +633,7 @@ def _(bench):
 
 
 @case("retire-already-retired")
-def _(bench):
+def case_retire_already_retired(bench):
     bench.history()
     module_file = bench.site.module_file(LIB)
     done = run_tool(bench.site, ["retire", str(module_file), "--reason", "moved"])
@@ -642,20 +642,20 @@ def _(bench):
 
 
 @case("retire-missing-file")
-def _(bench):
+def case_retire_missing_file(bench):
     bench.history()
     module_file = bench.site.module_file("TinyLib/9.9")
     return Attempt(["retire", str(module_file), "--reason", "moved"], ("does not exist", str(module_file)))
 
 
 @case("retire-blank-reason")
-def _(bench):
+def case_retire_blank_reason(bench):
     bench.history()
     return Attempt(["retire", str(bench.site.module_file(LIB)), "--reason", "  "], ("--reason",))
 
 
 @case("retire-lock-held-with-a-timeout")
-def _(bench):
+def case_retire_lock_held_with_a_timeout(bench):
     bench.history()
     bench.hold_lock()
     args = ["--lock-timeout", "0.2", "retire", str(bench.site.module_file(LIB)), "--reason", "moved"]
@@ -663,7 +663,7 @@ def _(bench):
 
 
 @case("retire-a-symlink-before-any-state-root-exists")
-def _(bench):
+def case_retire_a_symlink_before_any_state_root_exists(bench):
     # "A refused request changes nothing on disk": not even an empty state root appears.
     module_file = bench.site.module_file(LIB)
     bench.move_out(module_file, "modulefiles", "1.0.lua")
@@ -671,7 +671,7 @@ def _(bench):
 
 
 @case("retire-to-a-state-root-on-another-filesystem")
-def _(bench):
+def case_retire_to_a_state_root_on_another_filesystem(bench):
     # /dev/shm is a tmpfs, the test directory is not: the rename would not be atomic.
     other = Path(tempfile.mkdtemp(prefix="eb-staged-refusal-", dir="/dev/shm"))
     bench.cleanups.append(lambda: shutil.rmtree(other, ignore_errors=True))
@@ -688,7 +688,7 @@ def _(bench):
 
 
 @case("rollback-retire-when-the-module-file-exists-again")
-def _(bench):
+def case_rollback_retire_when_the_module_file_exists_again(bench):
     module_file = bench.site.module_file(LIB)
     done = run_tool(bench.site, ["--json", "retire", str(module_file), "--reason", "moved"])
     assert done.returncode == 0, done.stderr
@@ -701,23 +701,23 @@ def _(bench):
 
 
 @case("cli-lock-timeout-not-a-number")
-def _(bench):
+def case_cli_lock_timeout_not_a_number(bench):
     return Attempt(["--lock-timeout", "soon", "status"], ("--lock-timeout", "'soon'"))
 
 
 @case("cli-retire-without-reason")
-def _(bench):
+def case_cli_retire_without_reason(bench):
     bench.history()
     return Attempt(["retire", str(bench.site.module_file(LIB))], ("--reason",))
 
 
 @case("cli-unknown-command")
-def _(bench):
+def case_cli_unknown_command(bench):
     return Attempt(["publish"], ("'publish'",))
 
 
 @case("probe-missing-path")
-def _(bench):
+def case_probe_missing_path(bench):
     path = bench.tmp_path / "no-such-dir"
     return Attempt(["probe", "--path", str(path)], ("not a directory", str(path)))
 
