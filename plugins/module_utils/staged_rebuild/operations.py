@@ -11,7 +11,9 @@ caller journals the step before calling it.
 from __future__ import annotations
 
 import binascii
+import contextlib
 import os
+import shutil
 
 from ..common import errors, fsutil
 from . import modulefile, swap
@@ -88,3 +90,31 @@ def _replace_link(link, target):
             os.unlink(temp)
         raise
     fsutil.fsync_dir(directory)
+
+
+def remove_generation(generation):
+    shutil.rmtree(generation, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        os.rmdir(os.path.dirname(generation))  # only when no other run's generation is there
+
+
+def _still_staged(entry):
+    """True while the sibling holds this run's staged inode and the live path the old one."""
+    sibling = entry["retired_path"]
+    if entry.get("stage_ino") is None or os.path.islink(sibling) or not os.path.isdir(sibling):
+        return False
+    return (
+        os.lstat(sibling).st_ino == entry["stage_ino"]
+        and os.lstat(entry["stable_path"]).st_ino == entry["live_ino"]
+    )
+
+
+def discard_stage(journal, generation):
+    """A refused run leaves the trees as they were: its generation and staged siblings go.
+
+    A sibling is removed only if it is still the staged inode this run moved there.
+    """
+    for entry in journal.modules:
+        if _still_staged(entry):
+            shutil.rmtree(entry["retired_path"])
+    remove_generation(generation)

@@ -75,7 +75,7 @@ def apply(transaction, trees, entries):
     for entry in entries:
         transaction.run(
             "swap " + entry["module"],
-            lambda entry=entry: _exchange_journaled(transaction, entry),
+            lambda entry=entry: exchange_journaled(transaction, entry),
             lambda _method, entry=entry: operations.exchange(entry),
         )
     for entry in entries:
@@ -100,7 +100,7 @@ def apply(transaction, trees, entries):
             )
 
 
-def _exchange_journaled(transaction, entry):
+def exchange_journaled(transaction, entry):
     """The swap, with each rename of the three-rename fallback journaled before it happens
     (resume reads them) and marked done when the next one starts or the swap returns."""
     started = []

@@ -12,13 +12,12 @@ root.
 from __future__ import annotations
 
 import binascii
-import contextlib
 import datetime
 import os
 import shutil
 
 from ..common import errors, locking
-from . import backends, easybuild, ledger, paths, planner, probe, publish
+from . import backends, easybuild, ledger, operations, paths, planner, probe, publish
 from . import journal as journals
 
 BACKENDS = ("auto", "installpath")
@@ -128,34 +127,6 @@ def rebuild(request, state_root, faults, progress, env):
         return build_and_publish(journal, trees, faults, progress, env)
 
 
-def _remove_generation(generation):
-    shutil.rmtree(generation, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        os.rmdir(os.path.dirname(generation))  # only when no other run's generation is there
-
-
-def _still_staged(entry):
-    """True while the sibling holds this run's staged inode and the live path the old one."""
-    sibling = entry["retired_path"]
-    if entry.get("stage_ino") is None or os.path.islink(sibling) or not os.path.isdir(sibling):
-        return False
-    return (
-        os.lstat(sibling).st_ino == entry["stage_ino"]
-        and os.lstat(entry["stable_path"]).st_ino == entry["live_ino"]
-    )
-
-
-def _discard_stage(journal, generation):
-    """A refused run leaves the trees as they were: its generation and staged siblings go.
-
-    A sibling is removed only if it is still the staged inode this run moved there.
-    """
-    for entry in journal.modules:
-        if _still_staged(entry):
-            shutil.rmtree(entry["retired_path"])
-    _remove_generation(generation)
-
-
 def build_and_publish(journal, trees, faults, progress, env):
     """The build, the plan and the publish of an existing journal (also resume of ``building``)."""
     request = journal.data["request"]
@@ -175,7 +146,7 @@ def build_and_publish(journal, trees, faults, progress, env):
         )
         planner.plan(journal, trees, generation, faults, prepare=request.get("prepare"), env=plan_env)
     except BaseException:
-        _discard_stage(journal, generation)
+        operations.discard_stage(journal, generation)
         journal.data["refused"] = True
         journal.set_state("failed")
         raise
@@ -183,9 +154,9 @@ def build_and_publish(journal, trees, faults, progress, env):
         publish.publish(journal, trees, faults, ledger_config)
     except BaseException:
         if journal.state == "failed":  # fully reversed: the new tree was never live
-            _discard_stage(journal, generation)
+            operations.discard_stage(journal, generation)
         raise
-    _remove_generation(generation)
+    operations.remove_generation(generation)
     return {
         "run_id": journal.run_id,
         "changed": True,

@@ -82,6 +82,11 @@ def resume_run(journal, trees, rebuild):
         return result
     final = "rolled_back" if journal.state == "rolling_back" else "failed"
     actions = return_to_old(journal, trees)
+    # A stage that was never swapped in goes, as for a refused run; one that may have been
+    # live for a moment stays for gc's grace period, since a job may have started from it.
+    swapped = any(step["step"].startswith("swap ") for step in journal.data["steps"])
+    if final == "failed" and not swapped:
+        operations.discard_stage(journal, trees.generation(journal.run_id))
     journal.data["resumed"] = journals.now()
     journal.set_state(final)
     return {"run_id": journal.run_id, "state": final, "changed": True, "actions": actions}

@@ -14,13 +14,18 @@ import os
 
 from ..common import errors
 from . import operations
-from .publish import Transaction
+from .publish import Transaction, exchange_journaled
 
 
 def _require_still_live(journal, entry):
     """Only the tree this run published may be exchanged back: a later run over the same
     module would otherwise have the original put live under its feet, and this run's sibling
     would end up holding the later run's tree."""
+    retired = entry["retired_path"]
+    if os.path.islink(retired) or not os.path.isdir(retired):
+        raise errors.UsageError(
+            f"run {journal.run_id}: the retired tree {retired} is gone (collected by gc?)"
+        )
     if os.lstat(entry["stable_path"]).st_ino != entry.get("stage_ino"):
         raise errors.UsageError(
             f"run {journal.run_id} is no longer live at {entry['stable_path']}: a later run replaced it; "
@@ -65,7 +70,7 @@ def rollback(journal, trees, faults):
         for entry in entries:
             transaction.run(
                 "rollback swap " + entry["module"],
-                lambda entry=entry: operations.exchange(entry),
+                lambda entry=entry: exchange_journaled(transaction, entry),
                 lambda _method, entry=entry: operations.exchange(entry),
             )
         faults.before("state rolled_back")
