@@ -16,19 +16,8 @@ import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors, fsutil
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import swap
-
-
-def _tree(path, payload):
-    path.mkdir()
-    (path / "PAYLOAD").write_text(payload)
-    return path
-
-
-def _state(path):
-    """(inode, PAYLOAD) of the tree at ``path``, or None when the name is missing."""
-    if not os.path.lexists(path):
-        return None
-    return (path.stat().st_ino, (path / "PAYLOAD").read_text())
+from tests.trees import make_tree as _tree
+from tests.trees import tree_state as _state
 
 
 @pytest.fixture
