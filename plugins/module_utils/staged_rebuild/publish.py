@@ -71,11 +71,12 @@ class Transaction:
 
 
 def apply(transaction, trees, entries):
+    journal = transaction.journal
     """The forward operations of a publish, in the design's order."""
     for entry in entries:
         transaction.run(
             "swap " + entry["module"],
-            lambda entry=entry: exchange_journaled(transaction, entry),
+            lambda entry=entry: exchange_journaled(journal, transaction.faults, entry),
             lambda _method, entry=entry: operations.exchange(entry),
         )
     for entry in entries:
@@ -100,7 +101,7 @@ def apply(transaction, trees, entries):
             )
 
 
-def exchange_journaled(transaction, entry):
+def exchange_journaled(journal, faults, entry):
     """The swap, with each rename of the three-rename fallback journaled before it happens
     (resume reads them) and marked done when the next one starts or the swap returns."""
     started = []
@@ -109,14 +110,14 @@ def exchange_journaled(transaction, entry):
         if name == swap.STEP_EXCHANGE:
             return
         if started:
-            transaction.journal.finish(started[-1])
+            journal.finish(started[-1])
         step = f"{name} {entry['module']}"
-        transaction.faults.before(step)
-        started.append(transaction.journal.start(step))
+        faults.before(step)
+        started.append(journal.start(step))
 
     method = operations.exchange(entry, on_step=on_step)
     if started:
-        transaction.journal.finish(started[-1])
+        journal.finish(started[-1])
     return method
 
 

@@ -91,7 +91,6 @@ def dry_run(request):
 
 def rebuild(request, state_root, faults, progress, env):
     trees, run_id, module_paths = check_request(request)
-    ledger_config = ledger.load_config(request["ledger_config"]) if request.get("ledger_config") else None
     state_root = paths.prepare_state_root(state_root)
     with locking.StateLock(state_root, request.get("lock_timeout", 0)):
         interrupted = [
@@ -106,7 +105,7 @@ def rebuild(request, state_root, faults, progress, env):
             run_id,
             kind="publish",
             state="building",
-            schema=journals.SCHEMA_SWAP_LEDGER if ledger_config else journals.SCHEMA_SWAP,
+            schema=journals.SCHEMA_SWAP_LEDGER if request.get("ledger_config") else journals.SCHEMA_SWAP,
             trees=trees.as_dict(),
             request=request,
         )
@@ -135,11 +134,11 @@ def build_and_publish(journal, trees, faults, progress, env):
     if os.path.lexists(generation):
         shutil.rmtree(generation)  # a previous attempt's partial build
     os.makedirs(generation, mode=0o755)
-    describe_build = describe(request, trees, journal.run_id)
+    command = backends.command(request["eb"], request["eb_args"], generation)
     progress(backends.UNSANDBOXED)
     step = journal.start("build")
     try:
-        backends.run(describe_build["command"], backends.environment(env), journal.run_dir, progress)
+        backends.run(command, backends.environment(env), journal.run_dir, progress)
         journal.finish(step)
         plan_env = dict(
             env, EB_STAGED_REBUILD_RUN_ID=journal.run_id, EB_STAGED_REBUILD_RUN_DIR=journal.run_dir

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import os
 
+from . import faults, ledger, modulefile, operations, swap
 from . import journal as journals
-from . import ledger, modulefile, operations, swap
+from .publish import exchange_journaled
 
 
 def _module_is_new(entry):
@@ -63,7 +64,7 @@ def return_to_old(journal, trees):
     for entry in reversed(journal.modules):
         if _is_swapped(entry):
             step = journal.start("resume swap " + entry["module"])
-            operations.exchange(entry)
+            exchange_journaled(journal, faults.Faults(), entry)
             journal.finish(step)
             actions.append("{}: old tree back at {}".format(entry["module"], entry["stable_path"]))
     return actions

@@ -36,7 +36,7 @@ def _require_still_live(journal, entry):
 def rollback(journal, trees, faults):
     if journal.data["kind"] != "publish":
         raise errors.UsageError(
-            "run {} is a {} record; use its own rollback".format(journal.run_id, journal.data["kind"])
+            f"run {journal.run_id} is a {journal.data['kind']} record; use its own rollback"
         )
     if journal.state == "rolled_back":
         return {"run_id": journal.run_id, "changed": False, "state": journal.state}
@@ -54,7 +54,7 @@ def rollback(journal, trees, faults):
         for entry in entries:
             for module_class, previous in sorted(entry.get("class_link_previous", {}).items()):
                 transaction.run(
-                    "rollback class-link {} {}".format(module_class, entry["module"]),
+                    f"rollback class-link {module_class} {entry['module']}",
                     lambda entry=entry, module_class=module_class, previous=previous: (
                         operations.restore_class_link(trees, entry, module_class, previous)
                     ),
@@ -70,7 +70,7 @@ def rollback(journal, trees, faults):
         for entry in entries:
             transaction.run(
                 "rollback swap " + entry["module"],
-                lambda entry=entry: exchange_journaled(transaction, entry),
+                lambda entry=entry: exchange_journaled(journal, faults, entry),
                 lambda _method, entry=entry: operations.exchange(entry),
             )
         faults.before("state rolled_back")
