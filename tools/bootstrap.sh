@@ -34,7 +34,13 @@ case $profile in
   *) die "unknown profile '$profile' (expected demo or test)" ;;
 esac
 
-python=${HPCSTACK_PYTHON:-python3}
+# The distribution's interpreter first: .venv must run for every user (the tests build as an
+# unprivileged user), and an interpreter under a private home such as /root would not.
+default_python=python3
+if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  default_python=/usr/bin/python3
+fi
+python=${HPCSTACK_PYTHON:-$default_python}
 command -v "$python" >/dev/null || die "no $python on PATH; Python >= 3.11 is needed for .venv"
 "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
   die "$python is $("$python" -V 2>&1); ansible-core 2.19 needs Python >= 3.11 (set HPCSTACK_PYTHON)"
@@ -92,7 +98,7 @@ fi
 # --- .venv --------------------------------------------------------------------------------
 # The stamp names the lock file's hash and the interpreter: a changed pin or a new Python
 # rebuilds the environment, an unchanged one costs one hash.
-stamp_want="$(sha256sum "$lock" | cut -d' ' -f1) $("$python" -c 'import sys; print(sys.version.split()[0])')"
+stamp_want="$(sha256sum "$lock" | cut -d' ' -f1) $("$python" -c 'import sys; print(sys.version.split()[0], sys.executable)')"
 if [ -f "$venv/.bootstrap-stamp" ] && [ "$(cat "$venv/.bootstrap-stamp")" = "$stamp_want" ]; then
   exit 0
 fi

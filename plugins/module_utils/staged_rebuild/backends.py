@@ -1,62 +1,189 @@
 # Copyright: hpcstack.ops contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""How the build runs. ``installpath``: EasyBuild builds into the run's generation directory,
-separate software and module trees beside the live ones, with no kernel sandbox.
+"""How the build runs, so that EasyBuild cannot touch the live install.
 
-The generation directory lies inside the live software root, so the finished install moves
-next to the live one by rename. The build's output streams to the caller line by line
-(progress) and is kept in full in the run directory.
+``bwrap``: EasyBuild's own bubblewrap mode, with the run's generation directory as its
+bubblewrap install path, and the live software and module trees bind-mounted read-only.
+``userns``: a private mount namespace (``sandbox``) with the live trees read-only and each
+stage at its live ``Name/version`` path. ``installpath``: EasyBuild builds into separate trees
+in the generation directory, with no kernel sandbox; the stage path is rewritten afterwards.
+``auto`` takes the first of these whose probe succeeds, in that order.
+
+Every backend leaves, for each module, the install in ``<generation>/software/Name/version``
+and the module file in ``<generation>/modules/all/Name/version.lua``: the planner takes them
+from there.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 
 from ..common import errors
-from . import easybuild
+from . import bwrapinfo, easybuild, sandbox
 
+BACKENDS = ("auto", "bwrap", "userns", "installpath")
+SANDBOXED = ("bwrap", "userns")
 UNSANDBOXED = (
     "eb-staged-rebuild: backend installpath: EasyBuild runs WITHOUT a sandbox; "
     "a hook that writes outside its install path is not contained (--backend bwrap|userns requires one)"
 )
-BUILD_LOG = "build.log"
+_PROBE_TIMEOUT = 30
+BWRAP_PROBE = ("bwrap", "--dev-bind", "/", "/", "true")
 
 
-def command(eb, eb_args, generation):
-    return easybuild.staged_command(
-        eb, eb_args, os.path.join(generation, "software"), os.path.join(generation, "modules")
-    )
-
-
-def environment(base):
-    return easybuild.filter_env(base)
-
-
-def run(argv, env, run_dir, progress):
-    """Run the build; stream EasyBuild's step lines to ``progress``; keep the whole log."""
-    log_path = os.path.join(run_dir, BUILD_LOG)
-    with open(log_path, "w", encoding="utf-8") as log:
-        try:
-            proc = subprocess.Popen(
-                argv,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                errors="replace",
-                close_fds=True,
-            )
-        except OSError as err:
-            raise errors.UsageError(f"cannot run {argv[0]}: {err.strerror}") from None
-        with proc:
-            for line in proc.stdout:
-                log.write(line)
-                if line.startswith("== ") and not line.startswith("== ..."):
-                    progress(line.rstrip("\n"))
-    if proc.returncode != 0:
-        raise errors.PublishError(
-            f"EasyBuild failed (exit {proc.returncode}); nothing was swapped; its log is {log_path}"
+def probe_bwrap():
+    """Does bubblewrap run here, for this user (``bwrap --dev-bind / / true``)?"""
+    try:
+        done = subprocess.run(
+            BWRAP_PROBE, stdin=subprocess.DEVNULL, capture_output=True, timeout=_PROBE_TIMEOUT, check=False
         )
-    return log_path
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def probe_userns():
+    """Can this user make the userns backend's sandbox: a read-only bind whose write fails with EROFS?"""
+    scratch = tempfile.mkdtemp(prefix="eb-staged-rebuild-userns-")
+    spec = {"read_only": [scratch], "writable": [], "views": [], "probe": [scratch]}
+    try:
+        done = subprocess.run(
+            ["true"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=_PROBE_TIMEOUT,
+            check=False,
+            preexec_fn=lambda: sandbox.enter(spec),  # the tool runs one thread
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    finally:
+        os.rmdir(scratch)
+    return done.returncode == 0
+
+
+def auto_choice(bwrap_works, userns_works):
+    """What ``auto`` picks, given the two probes."""
+    if bwrap_works:
+        return "bwrap"
+    return "userns" if userns_works else "installpath"
+
+
+def select(requested):
+    """The backend a run uses: ``requested`` itself after its probe, or ``auto``'s first working one."""
+    if requested not in BACKENDS:
+        raise errors.UsageError(f"--backend {requested} is not one of {', '.join(BACKENDS)}")
+    if requested == "installpath":
+        return requested
+    if requested in ("auto", "bwrap") and probe_bwrap():
+        return "bwrap"
+    if requested == "bwrap":
+        raise errors.UsageError(
+            "--backend bwrap: 'bwrap --dev-bind / / true' fails for this user; "
+            "try --backend userns (eb-staged-rebuild probe --path DIR tells what works)"
+        )
+    if probe_userns():
+        return "userns"
+    if requested == "userns":
+        raise errors.UsageError(
+            "--backend userns: this user cannot make a user and mount namespace "
+            "(user.max_user_namespaces, or a policy); eb-staged-rebuild probe --path DIR tells what works"
+        )
+    return "installpath"
+
+
+class Build:
+    """One run's build: which backend, which modules, and the trees they go to."""
+
+    def __init__(self, backend, trees, generation, modules):
+        self.backend = backend
+        self.trees = trees
+        self.generation = generation
+        self.modules = modules  # [(name, version)]
+
+    @property
+    def stage_software(self):
+        return os.path.join(self.generation, "software")
+
+    @property
+    def stage_modules(self):
+        return os.path.join(self.generation, "modules")
+
+    @property
+    def locks_dir(self):
+        return os.path.join(self.stage_software, ".locks")
+
+    def placement_args(self):
+        """The options that decide where EasyBuild writes, after the user's own."""
+        if self.backend == "installpath":
+            return [
+                "--installpath-software=" + self.stage_software,
+                "--installpath-modules=" + self.stage_modules,
+            ]
+        if self.backend == "userns":
+            # The live software path, where the sandbox shows the stage; modules and locks to the stage.
+            return [
+                "--installpath-software=" + self.trees.software,
+                "--installpath-modules=" + self.stage_modules,
+                "--locks-dir=" + self.locks_dir,
+            ]
+        read_only = [self.trees.software, self.trees.modules]
+        for path in (*read_only, self.generation):
+            if "," in path:
+                raise errors.UsageError(
+                    f"--backend bwrap: {path} contains a comma, "
+                    "which EasyBuild's --bwrap-options cannot carry"
+                )
+        bwrap_options = []
+        for path in read_only:
+            bwrap_options += ["--ro-bind", path, path]
+        bwrap_options += ["--bind", self.generation, self.generation]
+        return [
+            "--installpath-software=" + self.trees.software,
+            "--installpath-modules=" + self.trees.modules,
+            "--locks-dir=" + self.locks_dir,
+            "--experimental",
+            "--bwrap",
+            "--bwrap-installpath=" + self.generation,
+            "--bwrap-options=" + ",".join(bwrap_options),
+        ]
+
+    def command(self, eb, user_args):
+        return easybuild.command(eb, user_args, self.placement_args())
+
+    def environment(self, base, eb):
+        env = easybuild.with_own_python(easybuild.filter_env(base), eb)
+        if self.backend == "bwrap":
+            # EasyBuild re-runs itself under bwrap as "python -m easybuild.main": the python next
+            # to the eb it was started as, as far as PATH can say so.
+            env["PATH"] = os.path.dirname(eb) + os.pathsep + env.get("PATH", os.defpath)
+        return env
+
+    def prepare(self):
+        """Make what the backend needs before EasyBuild runs; return the child's sandbox setup."""
+        if self.backend != "userns":
+            return None
+        views = []
+        for name in sorted({name for name, _version in self.modules}):
+            versions = [version for module_name, version in self.modules if module_name == name]
+            view_dir = os.path.join(self.stage_software, name)
+            live_name_dir = os.path.join(self.trees.software, name)
+            views.append((view_dir, live_name_dir, sandbox.make_view(live_name_dir, view_dir, versions)))
+        os.makedirs(self.locks_dir, exist_ok=True)
+        os.makedirs(self.stage_modules, exist_ok=True)
+        spec = {
+            "read_only": [self.trees.software, self.trees.modules],
+            "writable": [self.generation],
+            "views": views,
+            "probe": [self.trees.software, self.trees.modules],
+        }
+        return lambda: sandbox.enter(spec)
+
+    def check(self):
+        """After a successful build: refuse a bubblewrap run that wrote elsewhere."""
+        if self.backend == "bwrap":
+            bwrapinfo.check(
+                self.generation, self.trees.software, [f"{name}/{version}" for name, version in self.modules]
+            )

@@ -42,6 +42,10 @@ def _env_float(name, default):
         raise errors.UsageError(f"{name}={value!r} is not a number") from None
 
 
+def _default_eb():
+    return os.environ.get("EB_STAGED_REBUILD_EB") or shutil.which("eb") or "eb"
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that reports bad usage as one error line (exit 2), like every other refusal."""
 
@@ -74,8 +78,17 @@ def build_parser():
     build.add_argument("--installpath-software", default=os.environ.get("EASYBUILD_INSTALLPATH_SOFTWARE"))
     build.add_argument("--installpath-modules", default=os.environ.get("EASYBUILD_INSTALLPATH_MODULES"))
     build.add_argument("--module", action="append", default=[], metavar="NAME/VERSION", dest="modules")
-    build.add_argument("--backend", default="auto")
-    build.add_argument("--eb", default=os.environ.get("EB_STAGED_REBUILD_EB") or shutil.which("eb") or "eb")
+    build.add_argument(
+        "--backend",
+        default="auto",
+        help="bwrap, userns, installpath (unsandboxed), or auto: the first of them that works here",
+    )
+    build.add_argument(
+        "--allow-unrelocated",
+        action="store_true",
+        help="publish even when binaries still name the build path (installpath backend)",
+    )
+    build.add_argument("--eb", default=_default_eb())
     build.add_argument("--run-id")
     build.add_argument("--skip-live-check", action="store_true")
     build.add_argument("--prepare", metavar="CMD")
@@ -108,6 +121,7 @@ def build_parser():
 
     look = commands.add_parser("probe", help="what the filesystem at --path and this host can do")
     look.add_argument("--path", required=True)
+    look.add_argument("--eb", default=_default_eb(), help="the EasyBuild whose version is checked")
     look.set_defaults(func=cmd_probe)
     return parser
 
@@ -152,6 +166,7 @@ def _request(args):
         "eb_args": eb_args,
         "run_id": args.run_id,
         "skip_live_check": args.skip_live_check,
+        "allow_unrelocated": args.allow_unrelocated,
         "prepare": args.prepare,
         "ledger_config": os.path.abspath(args.ledger_config) if args.ledger_config else None,
         "lock_timeout": args.lock_timeout,
@@ -234,7 +249,7 @@ def cmd_status(args):
 
 
 def cmd_probe(args):
-    return probe.probe(args.path)
+    return probe.probe(args.path, args.eb)
 
 
 def _text(result):

@@ -9,6 +9,8 @@ equivalents; ``--rebuild`` is added unless the user asked for ``--rebuild`` or `
 
 from __future__ import annotations
 
+import os
+
 # Options whose value is a path or a redirection (they take a value).
 _REDIRECTING_PREFIXES = ("--installpath", "--subdir-", "--bwrap")
 _REDIRECTING_EXACT = ("--prefix",)
@@ -99,13 +101,29 @@ def filter_env(env):
     return clean
 
 
+def with_own_python(env, eb):
+    """``env`` in which the ``eb`` wrapper runs the Python installed beside it, if there is one.
+
+    The wrapper takes ``$EB_PYTHON``, else the first ``python3`` on ``PATH`` that imports
+    EasyBuild; an ``eb`` of a virtual environment is found by path, with its ``python3`` next to it.
+    """
+    own_python = os.path.join(os.path.dirname(eb), "python3")
+    if not env.get("EB_PYTHON") and os.path.isfile(own_python) and os.access(own_python, os.X_OK):
+        env = dict(env, EB_PYTHON=own_python)
+    return env
+
+
 def with_rebuild(args):
     if any(_option_name(arg) in _FORCING for arg in args):
         return list(args)
     return [*list(args), "--rebuild"]
 
 
-def staged_command(eb, user_args, software, modules):
-    """The exact command that builds into the stage trees ``software`` and ``modules``."""
+def command(eb, user_args, placement):
+    """The exact EasyBuild command: the user's safe arguments, then ``placement``, which wins.
+
+    ``placement`` (the backend's install paths, lock directory, bubblewrap options) comes last:
+    for an option given twice EasyBuild takes the last one.
+    """
     kept, _removed = filter_args(user_args)
-    return [eb, *with_rebuild(kept), "--installpath-software=" + software, "--installpath-modules=" + modules]
+    return [eb, *with_rebuild(kept), *placement]

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import datetime
 import os
-import shutil
 
 from ..common import errors, fsutil
 from . import journal as journals
-from . import modulefile, paths
+from . import modulefile, operations, paths
 
 DEFAULT_GRACE_HOURS = 144.0
 
@@ -83,11 +82,11 @@ def _collect_siblings(journal, now, grace, dry_run, report):
             report["kept"].append({"path": sibling, "run_id": journal.run_id, "why": "grace period"})
             continue
         if not dry_run:
-            shutil.rmtree(sibling)
+            operations.remove_tree(sibling)
         report["removed"].append({"path": sibling, "run_id": journal.run_id})
     generation = paths.Trees(**journal.data["trees"]).generation(journal.run_id)
     if old_enough and not dry_run and os.path.isdir(generation) and not os.path.islink(generation):
-        shutil.rmtree(generation)
+        operations.remove_tree(generation)
 
 
 def _report_retired(journal, roots, now, grace, report):

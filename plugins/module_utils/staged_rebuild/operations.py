@@ -14,6 +14,7 @@ import binascii
 import contextlib
 import os
 import shutil
+import sys
 
 from ..common import errors, fsutil
 from . import modulefile, swap
@@ -92,8 +93,26 @@ def _replace_link(link, target):
     fsutil.fsync_dir(directory)
 
 
+def _open_and_retry(function, path, _exc_info):
+    """rmtree's error handler: a sealed install (--read-only-installdir) has directories
+    without owner write; give the parent that bit and try again."""
+    parent = os.path.dirname(path)
+    os.chmod(parent, os.lstat(parent).st_mode & 0o7777 | 0o200)
+    if function is not os.rmdir or os.path.lexists(path):
+        function(path)
+
+
+def remove_tree(path):
+    """Remove the tree ``path`` (never following links), sealed directories included."""
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=_open_and_retry)
+    else:
+        shutil.rmtree(path, onerror=_open_and_retry)
+
+
 def remove_generation(generation):
-    shutil.rmtree(generation, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        remove_tree(generation)
     with contextlib.suppress(OSError):
         os.rmdir(os.path.dirname(generation))  # only when no other run's generation is there
 
@@ -116,5 +135,5 @@ def discard_stage(journal, generation):
     """
     for entry in journal.modules:
         if _still_staged(entry):
-            shutil.rmtree(entry["retired_path"])
+            remove_tree(entry["retired_path"])
     remove_generation(generation)

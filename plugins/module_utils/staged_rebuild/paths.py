@@ -67,14 +67,14 @@ def check_run_id(run_id):
     return run_id
 
 
-def _inside(path, root):
+def is_inside(path, root):
     path, root = os.path.normpath(path), os.path.normpath(root)
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def require_inside(path, root, what):
     """Refuse ``path`` (e.g. parsed from a module file) unless it lies under ``root``."""
-    if not os.path.isabs(path) or not _inside(path, root) or ".." in path.split("/"):
+    if not os.path.isabs(path) or not is_inside(path, root) or ".." in path.split("/"):
         raise errors.UsageError(f"{what} {path} leaves {root}")
     return os.path.normpath(path)
 

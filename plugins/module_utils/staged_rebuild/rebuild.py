@@ -14,13 +14,12 @@ from __future__ import annotations
 import binascii
 import datetime
 import os
-import shutil
 
 from ..common import errors, locking
-from . import backends, easybuild, ledger, operations, paths, planner, probe, publish
+from . import backends, buildrun, easybuild, ledger, operations, paths, planner, probe, publish, relocate
 from . import journal as journals
 
-BACKENDS = ("auto", "installpath")
+_SHOWN_BINARIES = 10
 
 
 def new_run_id():
@@ -31,9 +30,9 @@ def new_run_id():
 def check_request(request):
     """Refuse a bad request before anything is written; return the trees and module paths."""
     trees = paths.Trees(request["software"], request["modules"])
-    if request.get("backend", "auto") not in BACKENDS:
+    if request.get("backend", "auto") not in backends.BACKENDS:
         raise errors.UsageError(
-            "--backend {} is not available; choose one of {}".format(request["backend"], ", ".join(BACKENDS))
+            f"--backend {request['backend']} is not one of {', '.join(backends.BACKENDS)}"
         )
     if not request.get("modules_requested"):
         raise errors.UsageError("rebuild needs at least one --module NAME/VERSION")
@@ -58,26 +57,35 @@ def check_request(request):
                 request["eb"]
             )
         )
-    return trees, run_id, module_paths
+    # Last: the probes run programs, and a request refused for a plain reason should not wait.
+    backend = backends.select(request.get("backend", "auto"))
+    return trees, run_id, module_paths, backend
 
 
-def describe(request, trees, run_id):
-    generation = trees.generation(run_id)
+def _build(backend, trees, run_id, modules):
+    names = [(module["name"], module["version"]) for module in modules]
+    return backends.Build(backend, trees, trees.generation(run_id), names)
+
+
+def describe(request, trees, run_id, backend, module_paths):
+    modules = [{"name": entry.name, "version": entry.version} for entry in module_paths]
+    build = _build(backend, trees, run_id, modules)
     _kept, removed = easybuild.filter_args(request["eb_args"])
     return {
         "run_id": run_id,
-        "backend": "installpath",
-        "sandboxed": False,
-        "generation": generation,
-        "command": backends.command(request["eb"], request["eb_args"], generation),
+        "backend": backend,
+        "sandboxed": backend in backends.SANDBOXED,
+        "generation": build.generation,
+        "command": build.command(request["eb"], request["eb_args"]),
         "removed_options": removed,
+        "removed_environment": sorted(set(os.environ) - set(easybuild.filter_env(os.environ))),
     }
 
 
 def dry_run(request):
     """What a rebuild would do; writes nothing, takes no lock, runs nothing."""
-    trees, run_id, module_paths = check_request(request)
-    result = describe(request, trees, run_id)
+    trees, run_id, module_paths, backend = check_request(request)
+    result = describe(request, trees, run_id, backend, module_paths)
     result.update(
         {
             "dry_run": True,
@@ -90,7 +98,7 @@ def dry_run(request):
 
 
 def rebuild(request, state_root, faults, progress, env):
-    trees, run_id, module_paths = check_request(request)
+    trees, run_id, module_paths, backend = check_request(request)
     state_root = paths.prepare_state_root(state_root)
     with locking.StateLock(state_root, request.get("lock_timeout", 0)):
         interrupted = [
@@ -108,6 +116,7 @@ def rebuild(request, state_root, faults, progress, env):
             schema=journals.SCHEMA_SWAP_LEDGER if request.get("ledger_config") else journals.SCHEMA_SWAP,
             trees=trees.as_dict(),
             request=request,
+            backend=backend,
         )
         for entry in module_paths:
             journal.modules.append(
@@ -126,19 +135,53 @@ def rebuild(request, state_root, faults, progress, env):
         return build_and_publish(journal, trees, faults, progress, env)
 
 
+def _relocate(build, journal, allow_unrelocated):
+    """Rewrite the generation paths in the staged trees; refuse binaries that still name them."""
+    roots = []
+    for name, version in build.modules:
+        roots.append(os.path.join(build.stage_software, name, version))
+        roots.append(os.path.join(build.stage_modules, "all", name))
+    rewritten, binaries = relocate.relocate(
+        roots, relocate.mapping(build.generation, build.trees.software, build.trees.modules)
+    )
+    journal.data["relocated_files"] = len(rewritten)
+    if not binaries:
+        return []
+    shown = ", ".join(binaries[:_SHOWN_BINARIES])
+    more = f" and {len(binaries) - _SHOWN_BINARIES} more" if len(binaries) > _SHOWN_BINARIES else ""
+    if not allow_unrelocated:
+        raise errors.PublishError(
+            f"binaries still name the build path {build.generation}: {shown}{more}; nothing was swapped "
+            "(--allow-unrelocated publishes them as they are)"
+        )
+    return [f"published with binaries that name the removed build path {build.generation}: {shown}{more}"]
+
+
 def build_and_publish(journal, trees, faults, progress, env):
     """The build, the plan and the publish of an existing journal (also resume of ``building``)."""
     request = journal.data["request"]
     ledger_config = ledger.load_config(request["ledger_config"]) if request.get("ledger_config") else None
-    generation = trees.generation(journal.run_id)
+    build = _build(journal.data.get("backend", "installpath"), trees, journal.run_id, journal.modules)
+    generation = build.generation
     if os.path.lexists(generation):
-        shutil.rmtree(generation)  # a previous attempt's partial build
+        operations.remove_tree(generation)  # a previous attempt's partial build
     os.makedirs(generation, mode=0o755)
-    command = backends.command(request["eb"], request["eb_args"], generation)
-    progress(backends.UNSANDBOXED)
+    if build.backend == "installpath":
+        progress(backends.UNSANDBOXED)
     step = journal.start("build")
     try:
-        backends.run(command, backends.environment(env), journal.run_dir, progress)
+        setup = build.prepare()
+        buildrun.run(
+            build.command(request["eb"], request["eb_args"]),
+            build.environment(env, request["eb"]),
+            journal.run_dir,
+            progress,
+            setup,
+        )
+        build.check()
+        journal.finish(step)
+        step = journal.start("relocate")
+        warnings = _relocate(build, journal, request.get("allow_unrelocated"))
         journal.finish(step)
         plan_env = dict(
             env, EB_STAGED_REBUILD_RUN_ID=journal.run_id, EB_STAGED_REBUILD_RUN_DIR=journal.run_dir
@@ -158,6 +201,9 @@ def build_and_publish(journal, trees, faults, progress, env):
     operations.remove_generation(generation)
     return {
         "run_id": journal.run_id,
+        "backend": build.backend,
+        "sandboxed": build.backend in backends.SANDBOXED,
+        "warnings": warnings,
         "changed": True,
         "state": journal.state,
         "modules": [

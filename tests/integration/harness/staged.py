@@ -115,7 +115,10 @@ class StagedSite:
         )
 
     def rebuild_args(self, *modules: str, extra=()) -> list[str]:
+        """The test builder knows no sandbox: ``installpath`` unless ``extra`` names a backend."""
         args = ["rebuild", f"--installpath={self.installpath}"]
+        if not any(arg.startswith("--backend") for arg in extra):
+            args.append("--backend=installpath")
         for module in modules:
             args += ["--module", module]
         return [*args, *extra, "--", *(module.replace("/", "-") + ".eb" for module in modules)]

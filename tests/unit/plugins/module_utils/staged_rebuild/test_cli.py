@@ -56,6 +56,7 @@ def _rebuild_args(site, *extra, run_id="run1"):
         APP,
         f"--eb={FAKE_EB}",
         f"--run-id={run_id}",
+        "--backend=installpath",  # the test builder knows no sandbox
         *extra,
         "--",
         "TinyApp-1.0.eb",
@@ -246,7 +247,7 @@ def test_a_negative_grace_period_is_refused(site, capsys):
     [
         (["--module", "../etc"], "--module '../etc' is not NAME/VERSION"),
         (["--module", "Missing/1.0"], "Missing/1.0 is not installed"),
-        (["--backend", "bwrap"], "--backend bwrap is not available"),
+        (["--backend", "chroot"], "--backend chroot is not one of auto, bwrap, userns, installpath"),
         (["--run-id", "a/b"], "run id 'a/b' is not a plain name"),
         (["--eb", "/nonexistent/eb"], "EasyBuild command /nonexistent/eb is not an executable file"),
     ],
@@ -342,7 +343,7 @@ def test_dry_run_prints_the_exact_command_and_writes_nothing(installed, capsys, 
     assert result["command"] == _expected_command(installed, "TinyApp-1.0.eb")
     assert (result["dry_run"], result["changed"], result["modules"]) == (True, False, [APP])
     assert (result["backend"], result["sandboxed"]) == ("installpath", False)
-    assert set(result["probes"]) == {"bwrap", "userns", "max_user_namespaces"}
+    assert set(result["probes"]) == {"bwrap", "userns", "max_user_namespaces", "auto_backend"}
     assert not installed.state_root.exists()
     assert not (installed.software / ".eb-staged-rebuild").exists()
     assert installed.snapshot() == before

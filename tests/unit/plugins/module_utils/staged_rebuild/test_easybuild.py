@@ -268,15 +268,19 @@ def test_filter_env_returns_a_copy():
     assert env == {"EASYBUILD_PREFIX": LIVE}
 
 
-# staged_command
+# command
+
+STAGE = ["--installpath-software=/s", "--installpath-modules=/m"]
 
 
-def test_staged_command_is_eb_the_kept_arguments_rebuild_and_the_stage_paths():
-    command = easybuild.staged_command(
+def test_command_is_eb_the_kept_arguments_rebuild_and_the_placement():
+    command = easybuild.command(
         "/usr/bin/eb",
         ["--installpath=/apps", "GROMACS-2024.1-foss-2023b.eb", "--robot"],
-        "/apps/software/.eb-staged-rebuild/run1/software",
-        "/apps/software/.eb-staged-rebuild/run1/modules",
+        [
+            "--installpath-software=/apps/software/.eb-staged-rebuild/run1/software",
+            "--installpath-modules=/apps/software/.eb-staged-rebuild/run1/modules",
+        ],
     )
 
     assert command == [
@@ -289,15 +293,15 @@ def test_staged_command_is_eb_the_kept_arguments_rebuild_and_the_stage_paths():
     ]
 
 
-def test_staged_command_keeps_the_users_force_instead_of_adding_rebuild():
-    command = easybuild.staged_command("eb", ["-f", "A-1.eb"], "/s", "/m")
+def test_command_keeps_the_users_force_instead_of_adding_rebuild():
+    command = easybuild.command("eb", ["-f", "A-1.eb"], STAGE)
 
     assert command == ["eb", "-f", "A-1.eb", "--installpath-software=/s", "--installpath-modules=/m"]
 
 
-def test_staged_command_puts_the_stage_paths_last_so_they_win():
+def test_command_puts_the_placement_last_so_it_wins():
     # optparse keeps the last value of an option given twice.
-    command = easybuild.staged_command("eb", ["--installpath-software", "/apps/software"], "/s", "/m")
+    command = easybuild.command("eb", ["--installpath-software", "/apps/software"], STAGE)
 
     assert command[-2:] == ["--installpath-software=/s", "--installpath-modules=/m"]
     assert "/apps/software" not in command

@@ -1,0 +1,72 @@
+# Copyright: hpcstack.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Check what EasyBuild's bubblewrap mode says it did: ``<generation>/bwrap_info.json``.
+
+EasyBuild (``--experimental --bwrap``) resolves the easyconfigs, writes this file, then runs
+itself again under ``bwrap`` with each install directory it will build bind-mounted from the
+bubblewrap install path. The file is the only account of where the build wrote. Before the
+result is published, every stage root it names must lie inside the run's generation
+directory, every bind must land on the live path of a requested module, and EasyBuild must
+not have built a module that was not requested (its install would not be published, and its
+live directory was created by EasyBuild outside any sandbox).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ..common import errors
+from . import paths
+
+INFO_FILE = "bwrap_info.json"
+
+
+def _require_in_generation(path, generation, what):
+    real = os.path.realpath(path)
+    if not paths.is_inside(real, os.path.realpath(generation)):
+        raise errors.PublishError(
+            f"bwrap_info.json names {what} {path} outside the generation {generation}; nothing was swapped"
+        )
+
+
+def _binds(command):
+    """``(source, destination)`` of every ``--bind`` in the bwrap command; refuse overlays."""
+    binds = []
+    index = 0
+    while index < len(command):
+        option = command[index]
+        if option.startswith("--overlay"):
+            raise errors.PublishError(
+                "EasyBuild's bwrap mode used an overlay (it could not create a live install directory); "
+                "nothing was swapped"
+            )
+        if option == "--bind" and index + 2 < len(command):
+            binds.append((command[index + 1], command[index + 2]))
+            index += 3
+            continue
+        index += 1
+    return binds
+
+
+def check(generation, software, requested):
+    """Read and check ``bwrap_info.json``; ``requested`` are the run's ``Name/version`` modules."""
+    info_path = os.path.join(generation, INFO_FILE)
+    try:
+        with open(info_path, encoding="utf-8") as handle:
+            info = json.load(handle)
+    except (OSError, ValueError) as err:
+        raise errors.PublishError(f"cannot read {info_path}: {err}; nothing was swapped") from None
+    for key in ("bwrap_installpath", "bwrap_installpath_software", "bwrap_installpath_modules"):
+        _require_in_generation(info.get(key) or "", generation, key)
+    unrequested = sorted(set(info.get("modules_to_install") or ()) - set(requested))
+    if unrequested:
+        raise errors.PublishError(
+            f"EasyBuild also built {', '.join(unrequested)}, which was not requested with --module; "
+            "nothing was swapped"
+        )
+    live_targets = {os.path.join(os.path.realpath(software), module) for module in requested}
+    for source, destination in _binds(info.get("bwrap_cmd") or ()):
+        if destination in live_targets:
+            _require_in_generation(source, generation, "stage root")
+    return info

@@ -1,0 +1,137 @@
+# Copyright: hpcstack.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Make a staged tree name its final live paths.
+
+EasyBuild bakes its install path into what it writes (the module's ``root``, the devel file,
+logs, scripts, ``.pc``/``.cmake``/``.la`` files, often RPATHs). A build that ran under the
+generation directory must be rewritten before it is published: every occurrence of a
+generation path becomes the live path it stands for. Text files (no NUL byte) and symlink
+targets are rewritten in place, keeping mode, owner, times and hard links; a binary cannot be
+rewritten safely (string lengths, checksums), so binaries that still name the generation are
+returned for the caller to refuse, or to accept explicitly.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import stat
+
+from ..common import fsutil
+
+
+def mapping(generation, software, modules):
+    """The rewrites for a generation, longest first: its trees, then the generation itself.
+
+    The generation plays the role of an install path (it holds ``software/`` and
+    ``modules/``), so a bare mention of it (``--bwrap-installpath=...`` in a log) becomes the
+    live install path, the parent of the live software tree.
+    """
+    pairs = [
+        (os.path.join(generation, "software"), software),
+        (os.path.join(generation, "modules"), modules),
+        (generation, os.path.dirname(software)),
+    ]
+    return [(os.fsencode(old), os.fsencode(new)) for old, new in pairs]
+
+
+def _names_generation(data, rewrites):
+    return any(data.find(old) != -1 for old, _new in rewrites)
+
+
+def _rewrite_bytes(data, rewrites):
+    for old, new in rewrites:
+        data = data.replace(old, new)
+    return data
+
+
+def _read_if_named(path, rewrites):
+    """``(is_text, data)`` when the file names the generation, else None."""
+    fd = fsutil.open_nofollow(path, os.O_RDONLY)
+    with os.fdopen(fd, "rb") as handle:
+        if os.fstat(handle.fileno()).st_size == 0:
+            return None
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
+            if not _names_generation(view, rewrites):
+                return None
+            if view.find(b"\0") != -1:
+                return False, None
+            return True, view[:]
+
+
+def _rewrite_file(path, data, rewrites):
+    info = os.lstat(path)
+    mode = stat.S_IMODE(info.st_mode)
+    # A sealed install (--read-only-installdir) has no write bits; open the file for this write.
+    if not mode & stat.S_IWUSR:
+        os.chmod(path, mode | stat.S_IWUSR)
+    try:
+        fd = fsutil.open_nofollow(path, os.O_WRONLY | os.O_TRUNC)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(_rewrite_bytes(data, rewrites))
+            handle.flush()
+            os.fsync(handle.fileno())
+    finally:
+        if not mode & stat.S_IWUSR:
+            os.chmod(path, mode)
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns), follow_symlinks=False)
+
+
+def _rewrite_link(path, rewrites):
+    target = os.fsencode(os.readlink(path))
+    if not _names_generation(target, rewrites):
+        return False
+    directory = os.path.dirname(path)
+    dir_mode = stat.S_IMODE(os.lstat(directory).st_mode)
+    if not dir_mode & stat.S_IWUSR:
+        os.chmod(directory, dir_mode | stat.S_IWUSR)
+    try:
+        replacement = path + ".eb-staged-rebuild-link"
+        os.symlink(os.fsdecode(_rewrite_bytes(target, rewrites)), replacement)
+        os.replace(replacement, path)
+    finally:
+        if not dir_mode & stat.S_IWUSR:
+            os.chmod(directory, dir_mode)
+    return True
+
+
+def _walk(root):
+    """Every non-directory under ``root`` (or ``root`` itself if it is a file), never following links."""
+    if not os.path.isdir(root) or os.path.islink(root):
+        yield root
+        return
+    for directory, _dirs, files in os.walk(root):
+        for name in files:
+            yield os.path.join(directory, name)
+        for name in _dirs:
+            if os.path.islink(os.path.join(directory, name)):
+                yield os.path.join(directory, name)
+
+
+def relocate(roots, rewrites):
+    """Rewrite the generation paths under ``roots``; return ``(rewritten, binaries)``.
+
+    ``binaries`` are the files with NUL bytes that name a generation path: left as they are.
+    """
+    rewritten, binaries = [], []
+    for root in roots:
+        for path in _walk(root):
+            if not os.path.lexists(path):
+                continue
+            info = os.lstat(path)
+            if stat.S_ISLNK(info.st_mode):
+                if _rewrite_link(path, rewrites):
+                    rewritten.append(path)
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                continue
+            found = _read_if_named(path, rewrites)
+            if found is None:
+                continue
+            is_text, data = found
+            if not is_text:
+                binaries.append(path)
+                continue
+            _rewrite_file(path, data, rewrites)
+            rewritten.append(path)
+    return rewritten, binaries
