@@ -291,7 +291,9 @@ def case_rebuild_no_module(bench):
 
 @case("rebuild-unknown-backend")
 def case_rebuild_unknown_backend(bench):
-    return Attempt(bench.rebuild(APP, extra=("--backend", "bwrap")), ("--backend bwrap is not available",))
+    return Attempt(
+        bench.rebuild(APP, extra=("--backend", "chroot")), ("--backend chroot is not one of auto, bwrap",)
+    )
 
 
 @case("rebuild-eb-not-executable")

@@ -12,6 +12,7 @@ child reports why through a pipe of its own and exits without running EasyBuild.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from ..common import errors
 BUILD_LOG = "build.log"
 SETUP_FAILED = 125
 _KILL_WAIT_SECONDS = 10
+_PR_SET_PDEATHSIG = 1
 
 
 def _is_step_line(line):
@@ -28,13 +30,18 @@ def _is_step_line(line):
     return line.startswith("== ") and not line.startswith("== ...")
 
 
-def _child_setup(setup, report_fd):
-    if setup is None:
-        return None
+def _die_with_parent():
+    # A tool killed with SIGKILL cannot kill the group; the kernel then stops EasyBuild itself,
+    # so a later resume never removes a generation that a build still writes into.
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
+
+def _child_setup(setup, report_fd):
     def run_setup():
         try:
-            setup()
+            _die_with_parent()
+            if setup is not None:
+                setup()
         except BaseException as err:  # anything, or the child would run EasyBuild unsandboxed
             os.write(report_fd, str(err).encode("utf-8", "replace")[:4000])
             os._exit(SETUP_FAILED)
