@@ -125,7 +125,18 @@ def staged_rebuild(env: dict, module_shell) -> int:
 
         before = live.stat().st_ino
         module = f"{tinypkgs.APP}/{tinypkgs.VERSION}"
-        say(f"eb-staged-rebuild rebuild --module {module}: EasyBuild builds beside the live tree")
+        probed = tool("probe", f"--path={DEMO / 'software'}")
+        if probed is None:
+            return 1
+        say(
+            f"probe: directory exchange {'works' if probed['exchange'] else 'fails'} on "
+            f"{probed['filesystem']}; bubblewrap {'works' if probed['bwrap'] else 'fails'}; user "
+            f"namespaces {'work' if probed['userns'] else 'fail'}; "
+            f"--backend auto picks {probed['auto_backend']}"
+        )
+        for line in probed["recommendations"]:
+            say(f"probe recommends: {line}")
+        say(f"eb-staged-rebuild rebuild --module {module}: EasyBuild builds beside the live tree, sandboxed")
         published = tool(
             "rebuild",
             f"--installpath={DEMO}",
@@ -138,8 +149,15 @@ def staged_rebuild(env: dict, module_shell) -> int:
             return 1
         retired = published["modules"][0]["retired_path"]
         after = live.stat().st_ino
+        say(
+            f"built with backend {published['backend']}"
+            + (" (live trees read-only during the build)" if published["sandboxed"] else " (no sandbox)")
+        )
         say(f"published run {published['run_id']}: {live} is now a new directory (inode {before} -> {after})")
-        say(f"the previous tree stays at {retired} for jobs still running from it")
+        say(
+            f"the previous tree stays at {retired} (inode {os.lstat(retired).st_ino}) "
+            "for jobs still running from it"
+        )
         if not show_app(module_shell):
             return 1
         say(f"eb-staged-rebuild rollback {published['run_id']}: the previous tree goes back in one exchange")

@@ -42,6 +42,10 @@ def test_demo_rebuilds_through_the_staged_path_rolls_back_and_collects(tmp_path)
     assert len(published) == 1
     before, after = published[0].split("(inode ")[1].rstrip(")").split(" -> ")
     assert before != after
+    # This machine has bubblewrap, so auto picks the bwrap backend, and says so.
+    assert "--backend auto picks bwrap" in done.stdout
+    assert "built with backend bwrap (live trees read-only during the build)" in done.stdout
+    assert f"(inode {before}) for jobs still running from it" in done.stdout
     assert f"{live} is the previous directory again (inode {before})" in done.stdout
     assert live.stat().st_ino == int(before)
     assert "removed " + str(live.parent / ".1.0.") in done.stdout
