@@ -16,7 +16,7 @@ def _unescape(field):
 
 
 def mounts():
-    """Every mount as ``(mount point, filesystem type)``, in the kernel's order (parents first)."""
+    """Every mount as ``(mount point, filesystem type)``, in the kernel's order."""
     table = []
     with open("/proc/self/mountinfo", "rb") as handle:
         for line in handle:

@@ -17,6 +17,7 @@ from there.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import tempfile
 
@@ -50,7 +51,7 @@ def probe_userns():
     spec = {"read_only": [scratch], "writable": [], "views": [], "probe": [scratch]}
     try:
         done = subprocess.run(
-            ["true"],
+            [shutil.which("true", path=os.defpath) or "/bin/true"],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             timeout=_PROBE_TIMEOUT,

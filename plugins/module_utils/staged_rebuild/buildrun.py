@@ -43,7 +43,8 @@ def _child_setup(setup, report_fd):
             if setup is not None:
                 setup()
         except BaseException as err:  # anything, or the child would run EasyBuild unsandboxed
-            os.write(report_fd, str(err).encode("utf-8", "replace")[:4000])
+            reason = str(err) or type(err).__name__
+            os.write(report_fd, reason.encode("utf-8", "replace")[:4000])
             os._exit(SETUP_FAILED)
 
     return run_setup

@@ -23,6 +23,8 @@ INFO_FILE = "bwrap_info.json"
 
 
 def _require_in_generation(path, generation, what):
+    if not isinstance(path, str) or not os.path.isabs(path):
+        raise errors.PublishError(f"bwrap_info.json has no absolute {what}; nothing was swapped")
     real = os.path.realpath(path)
     if not paths.is_inside(real, os.path.realpath(generation)):
         raise errors.PublishError(
@@ -57,8 +59,10 @@ def check(generation, software, requested):
             info = json.load(handle)
     except (OSError, ValueError) as err:
         raise errors.PublishError(f"cannot read {info_path}: {err}; nothing was swapped") from None
+    if not isinstance(info, dict):
+        raise errors.PublishError(f"{info_path} holds no JSON object; nothing was swapped")
     for key in ("bwrap_installpath", "bwrap_installpath_software", "bwrap_installpath_modules"):
-        _require_in_generation(info.get(key) or "", generation, key)
+        _require_in_generation(info.get(key), generation, key)
     unrequested = sorted(set(info.get("modules_to_install") or ()) - set(requested))
     if unrequested:
         raise errors.PublishError(

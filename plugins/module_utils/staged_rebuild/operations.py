@@ -14,6 +14,7 @@ import binascii
 import contextlib
 import os
 import shutil
+import stat
 import sys
 
 from ..common import errors, fsutil
@@ -93,21 +94,28 @@ def _replace_link(link, target):
     fsutil.fsync_dir(directory)
 
 
-def _open_and_retry(function, path, _exc_info):
-    """rmtree's error handler: a sealed install (--read-only-installdir) has directories
-    without owner write; give the parent that bit and try again."""
-    parent = os.path.dirname(path)
-    os.chmod(parent, os.lstat(parent).st_mode & 0o7777 | 0o200)
-    if function is not os.rmdir or os.path.lexists(path):
-        function(path)
-
-
 def remove_tree(path):
-    """Remove the tree ``path`` (never following links), sealed directories included."""
+    """Remove the tree ``path`` (never following links), sealed directories included.
+
+    A sealed install (``--read-only-installdir``) has directories without owner write: a
+    directory inside the tree gets that bit back and the removal is tried again. Nothing
+    outside the tree is changed, and any other error is raised.
+    """
+    root = os.path.abspath(path)
+
+    def unseal_and_retry(function, failed, error):
+        error = error if isinstance(error, BaseException) else error[1]  # onerror passes exc_info
+        parent = os.path.dirname(failed)
+        inside = parent == root or parent.startswith(root + "/")
+        if not isinstance(error, PermissionError) or function is os.path.islink or not inside:
+            raise error
+        os.chmod(parent, stat.S_IMODE(os.lstat(parent).st_mode) | stat.S_IWUSR | stat.S_IXUSR)
+        function(failed)
+
     if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=_open_and_retry)
+        shutil.rmtree(root, onexc=unseal_and_retry)
     else:
-        shutil.rmtree(path, onerror=_open_and_retry)
+        shutil.rmtree(root, onerror=unseal_and_retry)
 
 
 def remove_generation(generation):

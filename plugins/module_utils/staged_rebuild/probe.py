@@ -32,7 +32,13 @@ _EB_TIMEOUT = 60
 
 def exchange_works(path):
     """``(True, None)`` if RENAME_EXCHANGE swaps two directories in ``path``, else ``(False, errno name)``."""
-    scratch = tempfile.mkdtemp(prefix=".eb-staged-rebuild-probe-", dir=path)
+    try:
+        scratch = tempfile.mkdtemp(prefix=".eb-staged-rebuild-probe-", dir=path)
+    except OSError as err:
+        raise errors.UsageError(
+            f"probe --path {path}: cannot make a scratch directory there ({err.strerror}); "
+            "run the probe as the build account"
+        ) from None
     try:
         first, second = os.path.join(scratch, "a"), os.path.join(scratch, "b")
         os.mkdir(first)

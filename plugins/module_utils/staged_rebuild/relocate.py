@@ -72,8 +72,8 @@ def _rewrite_file(path, data, rewrites):
             handle.flush()
             os.fsync(handle.fileno())
     finally:
-        if not mode & stat.S_IWUSR:
-            os.chmod(path, mode)
+        # Always: besides a sealed mode, a write by a non-root owner clears setuid and setgid.
+        os.chmod(path, mode)
     os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns), follow_symlinks=False)
 
 

@@ -156,6 +156,15 @@ def enter(spec):
     write must fail with EROFS). Raises ``SandboxError``.
     """
     libc = _libc()
+    # Mounts land on resolved paths, and mountinfo lists those: /apps -> /gpfs/apps must be
+    # made read-only as /gpfs/apps.
+    real = os.path.realpath
+    spec = {
+        "read_only": [real(path) for path in spec["read_only"]],
+        "writable": [real(path) for path in spec["writable"]],
+        "views": [(real(view), real(live), siblings) for view, live, siblings in spec["views"]],
+        "probe": [real(path) for path in spec["probe"]],
+    }
     uid, gid = os.getuid(), os.getgid()
     unprivileged = os.geteuid() != 0
     cwd = os.getcwd()
