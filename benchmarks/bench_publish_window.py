@@ -45,7 +45,7 @@ from pathlib import Path
 
 import tree_eb
 from benchlib import MISSING, OK, PARTIAL, Method, Replacer, WindowCase
-from hpcstack_ops.common import locking
+from hpcstack_ops.common import locking, mountinfo
 from hpcstack_ops.staged_rebuild import faults, paths, probe, publish, rebuild, rollback
 from hpcstack_ops.staged_rebuild import journal as journals
 
@@ -124,7 +124,7 @@ def staged_rebuild(scratch):
         "software": str(software),
         "modules": str(apps / "modules"),
         "modules_requested": [f"{NAME}/{VERSION}"],
-        "backend": "auto",
+        "backend": "installpath",  # the stand-in eb knows no sandbox
         "eb": str(eb),
         "eb_args": [EASYCONFIG],
         "run_id": None,
@@ -151,7 +151,7 @@ def staged_rebuild(scratch):
 
     def note():
         method = "rename_exchange" if exchange else f"three-rename fallback: exchange gave {errno_name}"
-        return f"{probe.filesystem_of(str(software))}, {method}"
+        return f"{mountinfo.filesystem_of(str(software))}, {method}"
 
     return Replacer(software / NAME / VERSION, cycle, note)
 

@@ -6,7 +6,10 @@ A benchmark file ``benchmarks/bench_<topic>.py`` defines ``CASES``, a list of ``
 A ``Case`` times an operation. Each side is a factory: given a fresh scratch directory it
 prepares what it needs and returns the zero-argument operation to time. The runner
 interleaves the two sides round by round, so drift in the machine's speed hits both alike,
-and reports medians and their ratio.
+and reports medians and their ratio. A case with a ``setup`` has it make, once, what both
+sides work on (in a scratch directory of its own); each factory then gets its result as a
+second argument. A ``Comparison`` is the same with several subjects beside one baseline:
+one row, and one ratio, per subject.
 
 A ``WindowCase`` measures what a reader of a live path sees while a tree there is replaced
 and put back ``cycles`` times. Each ``Method`` (the subject, then each baseline) gets a
@@ -22,9 +25,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 Operation = Callable[[], None]
+# Given a fresh scratch directory (and, with a setup, its result): the operation to time.
+Factory = Callable[..., Operation]
 
 # The verdicts of one read of a live path.
 OK = "ok"  # one whole generation of the tree
@@ -35,10 +40,35 @@ PARTIAL = "partial"  # the path was there, the tree was not whole: files missing
 @dataclass(frozen=True)
 class Case:
     name: str
-    subject: Callable[[Path], Operation]
+    subject: Factory
     baseline_name: str
-    baseline: Callable[[Path], Operation]
+    baseline: Factory
     rounds: int = 2000
+    # Called once with its own scratch directory before the factories; its result is the
+    # factories' second argument (the one tree both sides read, say).
+    setup: Optional[Callable[[Path], Any]] = None
+
+
+@dataclass(frozen=True)
+class Subject:
+    name: str
+    factory: Factory
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Several subjects timed beside one baseline in the same run, which they all share.
+
+    Every round runs each subject, then the baseline; each subject's row reports its median
+    and the ratio to the baseline's median. ``name`` prefixes the subjects' names.
+    """
+
+    name: str
+    subjects: Sequence[Subject]
+    baseline_name: str
+    baseline: Factory
+    rounds: int = 3
+    setup: Optional[Callable[[Path], Any]] = None
 
 
 @dataclass(frozen=True)

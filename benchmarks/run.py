@@ -2,9 +2,9 @@
 
     .venv/bin/python benchmarks/run.py [NAME-SUBSTRING ...]
 
-Timing cases (``Case``) make the first table. The ratio is subject median / baseline median
-from the same run: below 1 the subject is faster. Absolute times vary between machines; the
-ratio is the figure to compare.
+Timing cases (``Case``, and ``Comparison`` with a row per subject) make the first table.
+The ratio is subject median / baseline median from the same run: below 1 the subject is
+faster. Absolute times vary between machines; the ratio is the figure to compare.
 
 Window cases (``WindowCase``) make the second table: one row per method, the subject first,
 each with the reads a separate reader process made of the live path during the cycles, how
@@ -16,6 +16,7 @@ each method runs for its own time and so gets its own number of reads.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import multiprocessing
 import os
@@ -29,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "tools")]
 
 import checkout  # noqa: E402
-from benchlib import MISSING, OK, PARTIAL, Case, WindowCase  # noqa: E402
+from benchlib import MISSING, OK, PARTIAL, Case, Comparison, WindowCase  # noqa: E402
 
 READER_TIMEOUT = 30
 # Where window cases make their trees: the filesystem is what they measure (see _window_root).
@@ -38,17 +39,29 @@ WINDOW_DIR_ENV = "HPCSTACK_BENCH_WINDOW_DIR"
 TMPFS = "/dev/shm"  # noqa: S108
 
 
-def _time_rounds(case):
-    with tempfile.TemporaryDirectory() as subject_dir, tempfile.TemporaryDirectory() as baseline_dir:
-        subject = case.subject(Path(subject_dir))
-        baseline = case.baseline(Path(baseline_dir))
-        subject_ns, baseline_ns = [], []
+def _subjects(case):
+    """``(row name, factory)`` of each subject of a timing case."""
+    if isinstance(case, Comparison):
+        return [(f"{case.name}: {subject.name}", subject.factory) for subject in case.subjects]
+    return [(case.name, case.subject)]
+
+
+def _time_rounds(case, factories):
+    """The median ns of each of ``factories``' operations, interleaved round by round."""
+    with contextlib.ExitStack() as scratches:
+
+        def scratch():
+            return Path(scratches.enter_context(tempfile.TemporaryDirectory()))
+
+        shared = () if case.setup is None else (case.setup(scratch()),)
+        operations = [factory(scratch(), *shared) for factory in factories]
+        samples = [[] for _operation in operations]
         for _round in range(case.rounds):
-            for operation, samples in ((subject, subject_ns), (baseline, baseline_ns)):
+            for operation, taken in zip(operations, samples):
                 started = time.perf_counter_ns()
                 operation()
-                samples.append(time.perf_counter_ns() - started)
-    return statistics.median(subject_ns), statistics.median(baseline_ns)
+                taken.append(time.perf_counter_ns() - started)
+    return [statistics.median(taken) for taken in samples]
 
 
 def _watch(read, live, stop, report):
@@ -133,16 +146,18 @@ def _format_ns(ns: float) -> str:
 def _timing_rows(cases):
     rows = [("benchmark", "median", "baseline", "median", "ratio")]
     for case in cases:
-        subject, baseline = _time_rounds(case)
-        rows.append(
-            (
-                case.name,
-                _format_ns(subject),
-                case.baseline_name,
-                _format_ns(baseline),
-                f"{subject / baseline:.2f}",
+        subjects = _subjects(case)
+        *medians, baseline = _time_rounds(case, [factory for _name, factory in subjects] + [case.baseline])
+        for (name, _factory), subject in zip(subjects, medians):
+            rows.append(
+                (
+                    name,
+                    _format_ns(subject),
+                    case.baseline_name,
+                    _format_ns(baseline),
+                    f"{subject / baseline:.2f}",
+                )
             )
-        )
     return rows
 
 
@@ -194,7 +209,7 @@ def main(argv: list[str]) -> int:
         for path in sorted(HERE.glob("bench_*.py")):
             cases.extend(importlib.import_module(path.stem).CASES)
         cases = [case for case in cases if not argv or any(word in case.name for word in argv)]
-        timing = [case for case in cases if isinstance(case, Case)]
+        timing = [case for case in cases if isinstance(case, (Case, Comparison))]
         windows = [case for case in cases if isinstance(case, WindowCase)]
         if timing:
             _print_table(_timing_rows(timing))
