@@ -141,6 +141,8 @@ class Build:
         for path in read_only:
             bwrap_options += ["--ro-bind", path, path]
         bwrap_options += ["--bind", self.generation, self.generation]
+        # The tool's own death kills EasyBuild's first pass; this carries it on to the second.
+        bwrap_options.append("--die-with-parent")
         return [
             "--installpath-software=" + self.trees.software,
             "--installpath-modules=" + self.trees.modules,

@@ -70,13 +70,20 @@ def build_parser():
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    # --json may also follow the command ("probe --path DIR --json"), as the README shows it.
+    after = _Parser(add_help=False)
+    after.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print one JSON document"
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
 
-    build = commands.add_parser("rebuild", help="build a replacement beside the live install and swap it in")
-    build.add_argument("--installpath", default=os.environ.get("EASYBUILD_INSTALLPATH"))
-    build.add_argument("--installpath-software", default=os.environ.get("EASYBUILD_INSTALLPATH_SOFTWARE"))
-    build.add_argument("--installpath-modules", default=os.environ.get("EASYBUILD_INSTALLPATH_MODULES"))
+    build = commands.add_parser(
+        "rebuild", parents=[after], help="build a replacement beside the live install and swap it in"
+    )
+    build.add_argument("--installpath", help="the live tree (default: $EASYBUILD_INSTALLPATH)")
+    build.add_argument("--installpath-software", help="the live software tree (with --installpath-modules)")
+    build.add_argument("--installpath-modules", help="the live module tree (with --installpath-software)")
     build.add_argument("--module", action="append", default=[], metavar="NAME/VERSION", dest="modules")
     build.add_argument(
         "--backend",
@@ -97,29 +104,33 @@ def build_parser():
     build.add_argument("eb_args", nargs=argparse.REMAINDER, help="-- then EasyBuild's arguments")
     build.set_defaults(func=cmd_rebuild)
 
-    again = commands.add_parser("resume", help="finish or reverse interrupted runs")
+    again = commands.add_parser("resume", parents=[after], help="finish or reverse interrupted runs")
     again.add_argument("run_id", nargs="?")
     again.set_defaults(func=cmd_resume)
 
-    back = commands.add_parser("rollback", help="put the previous tree (or a retired module file) back")
+    back = commands.add_parser(
+        "rollback", parents=[after], help="put the previous tree (or a retired module file) back"
+    )
     back.add_argument("run_id")
     back.set_defaults(func=cmd_rollback)
 
-    ret = commands.add_parser("retire", help="move a module file out of MODULEPATH's way")
+    ret = commands.add_parser("retire", parents=[after], help="move a module file out of MODULEPATH's way")
     ret.add_argument("module_file")
     ret.add_argument("--reason", required=True)
     ret.set_defaults(func=cmd_retire)
 
-    collect = commands.add_parser("gc", help="remove retired trees after the grace period")
+    collect = commands.add_parser("gc", parents=[after], help="remove retired trees after the grace period")
     collect.add_argument("--grace-hours", type=float, default=None)
     collect.add_argument("--dry-run", action="store_true")
     collect.set_defaults(func=cmd_gc)
 
-    show = commands.add_parser("status", help="list runs, or show one")
+    show = commands.add_parser("status", parents=[after], help="list runs, or show one")
     show.add_argument("run_id", nargs="?")
     show.set_defaults(func=cmd_status)
 
-    look = commands.add_parser("probe", help="what the filesystem at --path and this host can do")
+    look = commands.add_parser(
+        "probe", parents=[after], help="what the filesystem at --path and this host can do"
+    )
     look.add_argument("--path", required=True)
     look.add_argument("--eb", default=_default_eb(), help="the EasyBuild whose version is checked")
     look.set_defaults(func=cmd_probe)
@@ -144,18 +155,34 @@ def _existing_state_root(args):
     return state_root
 
 
-def _request(args):
+def _live_trees(args):
+    """The live software and module roots: the options first, then EasyBuild's variables.
+
+    An option given on the command line beats every variable; among the variables, as in
+    EasyBuild, ``EASYBUILD_INSTALLPATH_SOFTWARE``/``_MODULES`` beat ``EASYBUILD_INSTALLPATH``.
+    """
     if args.installpath_software or args.installpath_modules:
         if not (args.installpath_software and args.installpath_modules):
             raise errors.UsageError("--installpath-software and --installpath-modules go together")
-        software, modules = args.installpath_software, args.installpath_modules
-    elif args.installpath:
-        software, modules = (
-            os.path.join(args.installpath, "software"),
-            os.path.join(args.installpath, "modules"),
-        )
-    else:
-        raise errors.UsageError("no install path: give --installpath DIR (or set EASYBUILD_INSTALLPATH)")
+        return args.installpath_software, args.installpath_modules
+    if args.installpath:
+        return os.path.join(args.installpath, "software"), os.path.join(args.installpath, "modules")
+    installpath = os.environ.get("EASYBUILD_INSTALLPATH")
+    trees = []
+    for tree in ("software", "modules"):
+        path = os.environ.get("EASYBUILD_INSTALLPATH_" + tree.upper())
+        if not path and installpath:
+            path = os.path.join(installpath, tree)
+        if not path:
+            raise errors.UsageError(
+                f"no install path for {tree}: give --installpath DIR (or set EASYBUILD_INSTALLPATH)"
+            )
+        trees.append(path)
+    return tuple(trees)
+
+
+def _request(args):
+    software, modules = _live_trees(args)
     eb_args = args.eb_args[1:] if args.eb_args[:1] == ["--"] else args.eb_args
     return {
         "software": os.path.abspath(software),

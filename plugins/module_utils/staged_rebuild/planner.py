@@ -152,8 +152,14 @@ def plan(journal, trees, generation, faults, *, prepare=None, env=None):
             )
         faults.before("marker " + entry["module"])
         step = journal.start("marker " + entry["module"])
+        # A sealed install stays sealed: the marker gets no write bit either.
+        sealed = not os.stat(staged_install).st_mode & stat.S_IWUSR
         with owner_write_window(staged_install):
-            fsutil.atomic_write(os.path.join(staged_install, RUN_MARKER), (journal.run_id + "\n").encode())
+            fsutil.atomic_write(
+                os.path.join(staged_install, RUN_MARKER),
+                (journal.run_id + "\n").encode(),
+                mode=0o444 if sealed else 0o644,
+            )
         journal.finish(step)
 
         faults.before("prepare-module " + entry["module"])

@@ -141,13 +141,13 @@ def _relocate(build, journal, allow_unrelocated):
     for name, version in build.modules:
         roots.append(os.path.join(build.stage_software, name, version))
         roots.append(os.path.join(build.stage_modules, "all", name))
-    rewritten, binaries = relocate.relocate(
-        roots, relocate.mapping(build.generation, build.trees.software, build.trees.modules)
-    )
+    rewrites = relocate.mapping(build.generation, build.trees.software, build.trees.modules)
+    rewritten, binaries = relocate.relocate(roots, rewrites)
     journal.data["relocated_files"] = len(rewritten)
     if not binaries:
         return []
-    shown = ", ".join(binaries[:_SHOWN_BINARIES])
+    # Named by where they will be live: the generation is gone when the message is read.
+    shown = ", ".join(relocate.live_name(path, rewrites) for path in binaries[:_SHOWN_BINARIES])
     more = f" and {len(binaries) - _SHOWN_BINARIES} more" if len(binaries) > _SHOWN_BINARIES else ""
     if not allow_unrelocated:
         raise errors.PublishError(

@@ -13,11 +13,17 @@ returned for the caller to refuse, or to accept explicitly.
 
 from __future__ import annotations
 
+import base64
 import mmap
 import os
+import re
 import stat
 
 from ..common import fsutil
+
+# One chunk of Lmod's saved module table, as a Lua or Tcl modulefile sets it.
+_MODULE_TABLE_CHUNK = re.compile(rb"""(_ModuleTable(\d{3})_)["'\s,{]+([A-Za-z0-9+/=]*)""")
+_MODULE_TABLE_MARK = b"_ModuleTable001_"
 
 
 def mapping(generation, software, modules):
@@ -39,27 +45,70 @@ def _names_generation(data, rewrites):
     return any(data.find(old) != -1 for old, _new in rewrites)
 
 
-def _rewrite_bytes(data, rewrites):
+def _replace_paths(data, rewrites):
     for old, new in rewrites:
         data = data.replace(old, new)
     return data
 
 
+def _module_table_chunks(data):
+    """``{number: match}`` of Lmod's saved module table (``_ModuleTable001_`` ...) in ``data``."""
+    return {int(match.group(2)): match for match in _MODULE_TABLE_CHUNK.finditer(data)}
+
+
+def _rewrite_module_table(data, rewrites):
+    """Rewrite the paths inside Lmod's base64-encoded module table, which EasyBuild's devel
+    file keeps (its ``mpathA`` names the build's MODULEPATH).
+
+    Lmod concatenates the chunks ``1.._ModuleTable_Sz_`` before decoding and does not care
+    where one ends, so the whole new encoding goes into the first and the others are emptied.
+    """
+    chunks = _module_table_chunks(data)
+    if not chunks or sorted(chunks) != list(range(1, len(chunks) + 1)):
+        return data
+    try:
+        encoded = b"".join(chunks[number].group(3) for number in sorted(chunks))
+        table = base64.b64decode(encoded, validate=True)
+    except ValueError:
+        return data
+    rewritten = _replace_paths(table, rewrites)
+    if rewritten == table:
+        return data
+    values = {number: b"" for number in chunks}
+    values[1] = base64.b64encode(rewritten)
+    # From the end, so that earlier offsets stay valid.
+    for number in sorted(chunks, reverse=True):
+        match = chunks[number]
+        data = data[: match.start(3)] + values[number] + data[match.end(3) :]
+    return data
+
+
+def live_name(path, rewrites):
+    """Where ``path``, a file in the generation, will be once published."""
+    return os.fsdecode(_replace_paths(os.fsencode(path), rewrites))
+
+
+def _rewrite_bytes(data, rewrites):
+    return _rewrite_module_table(_replace_paths(data, rewrites), rewrites)
+
+
 def _read_if_named(path, rewrites):
-    """``(is_text, data)`` when the file names the generation, else None."""
+    """What to do with one file: None (it names no generation path, plainly or in a module
+    table), ``"binary"`` (it has a NUL byte and names one), or its bytes (text to rewrite)."""
     fd = fsutil.open_nofollow(path, os.O_RDONLY)
     with os.fdopen(fd, "rb") as handle:
         if os.fstat(handle.fileno()).st_size == 0:
             return None
         with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
-            if not _names_generation(view, rewrites):
-                return None
+            named = _names_generation(view, rewrites)
             if view.find(b"\0") != -1:
-                return False, None
-            return True, view[:]
+                return "binary" if named else None
+            if not named and view.find(_MODULE_TABLE_MARK) == -1:
+                return None
+            return view[:]
 
 
-def _rewrite_file(path, data, rewrites):
+def _rewrite_file(path, data):
     info = os.lstat(path)
     mode = stat.S_IMODE(info.st_mode)
     # A sealed install (--read-only-installdir) has no write bits; open the file for this write.
@@ -68,7 +117,7 @@ def _rewrite_file(path, data, rewrites):
     try:
         fd = fsutil.open_nofollow(path, os.O_WRONLY | os.O_TRUNC)
         with os.fdopen(fd, "wb") as handle:
-            handle.write(_rewrite_bytes(data, rewrites))
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
     finally:
@@ -128,10 +177,11 @@ def relocate(roots, rewrites):
             found = _read_if_named(path, rewrites)
             if found is None:
                 continue
-            is_text, data = found
-            if not is_text:
+            if found == "binary":
                 binaries.append(path)
                 continue
-            _rewrite_file(path, data, rewrites)
-            rewritten.append(path)
+            new = _rewrite_bytes(found, rewrites)
+            if new != found:
+                _rewrite_file(path, new)
+                rewritten.append(path)
     return rewritten, binaries

@@ -253,7 +253,7 @@ def test_bwrap_uses_easybuild_s_bubblewrap_mode_with_the_live_trees_read_only(tm
         "--bwrap",
         f"--bwrap-installpath={generation}",
         f"--bwrap-options=--ro-bind,{software},{software},--ro-bind,{modules},{modules},"
-        f"--bind,{generation},{generation}",
+        f"--bind,{generation},{generation},--die-with-parent",
     ]
 
 

@@ -9,8 +9,10 @@ relies on.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -514,3 +516,65 @@ def test_only_the_given_roots_are_rewritten(site):
     site.relocate()
 
     assert untouched.read_text() == site.staged_text()
+
+
+# Lmod's saved module table (EasyBuild's devel file keeps one)
+
+
+def _module_table_lines(table: bytes, chunk: int) -> bytes:
+    encoded = base64.b64encode(table)
+    pieces = [encoded[start : start + chunk] for start in range(0, len(encoded), chunk)]
+    lines = [
+        b'setenv("_ModuleTable%03d_", "%s")\n' % (number, piece) for number, piece in enumerate(pieces, 1)
+    ]
+    return b"".join(lines) + b'setenv("_ModuleTable_Sz_", "%d")\n' % len(pieces)
+
+
+def _decoded_table(data: bytes) -> bytes:
+    chunks = re.findall(rb'_ModuleTable(\d{3})_", "([A-Za-z0-9+/=]*)"', data)
+    return base64.b64decode(b"".join(piece for _number, piece in sorted(chunks)))
+
+
+def test_the_paths_inside_a_module_table_split_over_chunks_are_rewritten(tmp_path):
+    generation = tmp_path / "apps" / "software" / ".eb-staged-rebuild" / "run1"
+    table = b'_ModuleTable_ = {\nmpathA = {\n"%s/modules/all", "/apps/modules/all",\n},\n}\n' % (
+        os.fsencode(generation)
+    )
+    devel = tmp_path / "stage" / "TinyLib-1.0-easybuild-devel"
+    devel.parent.mkdir()
+    # Chunks of 16 bytes, so the path runs across several of them.
+    devel.write_bytes(b'setenv("CC", "gcc")\n' + _module_table_lines(table, 16))
+    rewrites = relocate.mapping(str(generation), "/apps/software", "/apps/modules")
+
+    rewritten, binaries = relocate.relocate([str(devel.parent)], rewrites)
+
+    data = devel.read_bytes()
+    assert (rewritten, binaries) == ([str(devel)], [])
+    assert (
+        _decoded_table(data)
+        == b'_ModuleTable_ = {\nmpathA = {\n"/apps/modules/all", "/apps/modules/all",\n},\n}\n'
+    )
+    assert data.startswith(b'setenv("CC", "gcc")\n')
+    assert b'setenv("_ModuleTable_Sz_", "' in data
+
+
+def test_a_module_table_without_the_build_path_is_left_as_it_is(tmp_path):
+    devel = tmp_path / "stage" / "devel"
+    devel.parent.mkdir()
+    original = _module_table_lines(b'_ModuleTable_ = { mpathA = { "/apps/modules/all" } }', 16)
+    devel.write_bytes(original)
+    mtime = devel.stat().st_mtime_ns
+    rewrites = relocate.mapping(str(tmp_path / "gen"), "/apps/software", "/apps/modules")
+
+    assert relocate.relocate([str(devel.parent)], rewrites) == ([], [])
+    assert devel.read_bytes() == original
+    assert devel.stat().st_mtime_ns == mtime
+
+
+def test_a_binary_with_a_module_table_mark_but_no_build_path_is_not_listed(tmp_path):
+    blob = tmp_path / "stage" / "blob"
+    blob.parent.mkdir()
+    blob.write_bytes(b"\0_ModuleTable001_ elsewhere\0")
+    rewrites = relocate.mapping(str(tmp_path / "gen"), "/apps/software", "/apps/modules")
+
+    assert relocate.relocate([str(blob.parent)], rewrites) == ([], [])
