@@ -275,6 +275,52 @@ def test_a_rebuild_without_an_install_path_is_refused(site, capsys, monkeypatch)
     assert _one_line_error(capsys.readouterr()).startswith("no install path")
 
 
+def _dry_run_trees(site, capsys, *install_args):
+    code = _main(site, "--json", "rebuild", *install_args, "--module", APP, f"--eb={FAKE_EB}", "--dry-run")
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    return json.loads(captured.out)["generation"]
+
+
+def test_an_installpath_on_the_command_line_beats_easybuilds_variables(installed, capsys, monkeypatch):
+    monkeypatch.setenv("EASYBUILD_INSTALLPATH_SOFTWARE", "/elsewhere/software")
+    monkeypatch.setenv("EASYBUILD_INSTALLPATH_MODULES", "/elsewhere/modules")
+
+    generation = _dry_run_trees(installed, capsys, f"--installpath={installed.installpath}")
+
+    assert generation.startswith(str(installed.software) + "/.eb-staged-rebuild/")
+
+
+def test_easybuilds_software_variable_beats_its_installpath_variable(installed, capsys, monkeypatch):
+    # As in EasyBuild: EASYBUILD_INSTALLPATH_SOFTWARE wins over EASYBUILD_INSTALLPATH/software.
+    monkeypatch.setenv("EASYBUILD_INSTALLPATH", "/elsewhere")
+    monkeypatch.setenv("EASYBUILD_INSTALLPATH_SOFTWARE", str(installed.software))
+    monkeypatch.setenv("EASYBUILD_INSTALLPATH_MODULES", str(installed.modules))
+
+    generation = _dry_run_trees(installed, capsys)
+
+    assert generation.startswith(str(installed.software) + "/.eb-staged-rebuild/")
+
+
+def test_easybuilds_installpath_variable_alone_names_both_trees(installed, capsys, monkeypatch):
+    monkeypatch.setenv("EASYBUILD_INSTALLPATH", str(installed.installpath))
+    monkeypatch.delenv("EASYBUILD_INSTALLPATH_SOFTWARE", raising=False)
+    monkeypatch.delenv("EASYBUILD_INSTALLPATH_MODULES", raising=False)
+
+    generation = _dry_run_trees(installed, capsys)
+
+    assert generation.startswith(str(installed.software) + "/.eb-staged-rebuild/")
+
+
+def test_json_after_the_command_is_the_same_as_before_it(installed, capsys):
+    (installed.state_root / "runs").mkdir(parents=True)
+
+    code = _main(installed, "status", "--json")
+
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["runs"] == []
+
+
 def test_debug_re_raises_an_expected_error(site, capsys):
     with pytest.raises(errors.UsageError, match="no state root"):
         cli.main(["--debug", "status"])
