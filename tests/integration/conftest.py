@@ -4,6 +4,7 @@ Each lives in its own module under ``harness/``; importing them here makes them 
 every integration test.
 """
 
+from tests.integration.harness.ebsite import eb_site_factory
 from tests.integration.harness.mounts import fuse_dir
 from tests.integration.harness.slurm import slurm_cluster
 from tests.integration.harness.stack import easybuild, lmod, tiny_packages
@@ -12,6 +13,7 @@ from tests.integration.harness.users import unprivileged_user, user_tmp_path
 
 __all__ = [
     "easybuild",
+    "eb_site_factory",
     "fuse_dir",
     "lmod",
     "package_root",

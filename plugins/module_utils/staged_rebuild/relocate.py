@@ -23,6 +23,7 @@ from ..common import fsutil
 
 # One chunk of Lmod's saved module table, as a Lua or Tcl modulefile sets it.
 _MODULE_TABLE_CHUNK = re.compile(rb"""(_ModuleTable(\d{3})_)["'\s,{]+([A-Za-z0-9+/=]*)""")
+_MODULE_TABLE_SIZE = re.compile(rb"""_ModuleTable_Sz_["'\s,{]+(\d+)""")
 _MODULE_TABLE_MARK = b"_ModuleTable001_"
 
 
@@ -61,10 +62,16 @@ def _rewrite_module_table(data, rewrites):
     file keeps (its ``mpathA`` names the build's MODULEPATH).
 
     Lmod concatenates the chunks ``1.._ModuleTable_Sz_`` before decoding and does not care
-    where one ends, so the whole new encoding goes into the first and the others are emptied.
+    where one ends, so the whole new encoding goes into the first and the others of those are
+    emptied. A chunk past the size is a leftover of an earlier table (EasyBuild writes the
+    variables that changed): Lmod never reads it, and neither does this.
     """
     chunks = _module_table_chunks(data)
-    if not chunks or sorted(chunks) != list(range(1, len(chunks) + 1)):
+    size = _MODULE_TABLE_SIZE.search(data)
+    # Without a size (unchanged, so EasyBuild did not write it), the chunks there are the table.
+    count = int(size.group(1)) if size else len(chunks)
+    chunks = {number: match for number, match in chunks.items() if number <= count}
+    if not chunks or sorted(chunks) != list(range(1, count + 1)):
         return data
     try:
         encoded = b"".join(chunks[number].group(3) for number in sorted(chunks))

@@ -558,6 +558,25 @@ def test_the_paths_inside_a_module_table_split_over_chunks_are_rewritten(tmp_pat
     assert b'setenv("_ModuleTable_Sz_", "' in data
 
 
+def test_only_the_chunks_lmod_reads_are_decoded_and_a_leftover_chunk_is_kept(tmp_path):
+    # EasyBuild writes the variables that changed: a chunk of an earlier, longer table can
+    # follow a table of one chunk. Lmod reads 1.._ModuleTable_Sz_ only.
+    generation = tmp_path / "gen"
+    table = b'mpathA = { "%s/modules/all" }' % os.fsencode(generation)
+    leftover = b'setenv("_ModuleTable002_", "%s")\n' % base64.b64encode(b"tail of an old table")
+    devel = tmp_path / "stage" / "devel"
+    devel.parent.mkdir()
+    devel.write_bytes(_module_table_lines(table, 512) + leftover)
+    rewrites = relocate.mapping(str(generation), "/apps/software", "/apps/modules")
+
+    relocate.relocate([str(devel.parent)], rewrites)
+
+    data = devel.read_bytes()
+    first = re.search(rb'_ModuleTable001_", "([A-Za-z0-9+/=]*)"', data).group(1)
+    assert base64.b64decode(first) == b'mpathA = { "/apps/modules/all" }'
+    assert data.endswith(leftover)
+
+
 def test_a_module_table_without_the_build_path_is_left_as_it_is(tmp_path):
     devel = tmp_path / "stage" / "devel"
     devel.parent.mkdir()
@@ -578,3 +597,19 @@ def test_a_binary_with_a_module_table_mark_but_no_build_path_is_not_listed(tmp_p
     rewrites = relocate.mapping(str(tmp_path / "gen"), "/apps/software", "/apps/modules")
 
     assert relocate.relocate([str(blob.parent)], rewrites) == ([], [])
+
+
+def test_a_module_table_without_its_size_line_is_rewritten_whole(tmp_path):
+    # EasyBuild leaves out _ModuleTable_Sz_ when the size did not change: the chunks there
+    # are then the whole table.
+    generation = tmp_path / "gen"
+    table = b'mpathA = { "%s/modules/all", "/apps/modules/all" }' % os.fsencode(generation)
+    lines = _module_table_lines(table, 16)
+    devel = tmp_path / "stage" / "devel"
+    devel.parent.mkdir()
+    devel.write_bytes(lines[: lines.index(b'setenv("_ModuleTable_Sz_"')])
+    rewrites = relocate.mapping(str(generation), "/apps/software", "/apps/modules")
+
+    relocate.relocate([str(devel.parent)], rewrites)
+
+    assert _decoded_table(devel.read_bytes()) == b'mpathA = { "/apps/modules/all", "/apps/modules/all" }'
