@@ -21,7 +21,6 @@ import pytest
 import checkout
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import backends, paths
-from tests.integration.harness.users import unprivileged_user  # noqa: F401 - a fixture
 
 CHILD_TIMEOUT = 120
 # As root: fork a child into a new user namespace, map uids/gids 0-65535 from outside (only
@@ -146,7 +145,7 @@ def test_select_auto_takes_userns_when_bubblewrap_is_missing(monkeypatch, path_w
     assert backends.select("auto") == "userns"
 
 
-def test_both_probes_work_for_the_unprivileged_user(package_dir, unprivileged_user):  # noqa: F811
+def test_both_probes_work_for_the_unprivileged_user(package_dir, unprivileged_user):
     done = unprivileged_user.run(
         [sys.executable, "-c", PROBES_AS_USER], env=dict(unprivileged_user.env(), PYTHONPATH=str(package_dir))
     )
@@ -184,7 +183,7 @@ def test_probe_bwrap_fails_when_bubblewrap_is_missing(monkeypatch, path_without_
 
 def test_select_refuses_explicit_userns_where_no_user_namespace_can_be_made(
     package_dir,
-    unprivileged_user,  # noqa: F811
+    unprivileged_user,
 ):
     result = _without_user_namespaces(package_dir, unprivileged_user, "userns")
 
@@ -195,7 +194,7 @@ def test_select_refuses_explicit_userns_where_no_user_namespace_can_be_made(
 
 def test_select_refuses_explicit_bwrap_where_no_user_namespace_can_be_made(
     package_dir,
-    unprivileged_user,  # noqa: F811
+    unprivileged_user,
 ):
     result = _without_user_namespaces(package_dir, unprivileged_user, "bwrap")
 
@@ -204,7 +203,7 @@ def test_select_refuses_explicit_bwrap_where_no_user_namespace_can_be_made(
 
 def test_select_auto_falls_back_to_installpath_where_no_user_namespace_can_be_made(
     package_dir,
-    unprivileged_user,  # noqa: F811
+    unprivileged_user,
 ):
     assert _without_user_namespaces(package_dir, unprivileged_user, "auto") == {"backend": "installpath"}
 

@@ -17,7 +17,7 @@ import pytest
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import bwrapinfo
 
-REQUESTED = ["Tiny/1.0"]
+REQUESTED = ("Tiny/1.0",)
 
 
 class Site:

@@ -19,7 +19,6 @@ import pytest
 import checkout
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import operations
 from tests.integration.harness.staged import snapshot
-from tests.integration.harness.users import unprivileged_user  # noqa: F401 - a fixture
 
 AS_USER = r"""
 import sys
@@ -39,7 +38,7 @@ def package_dir():
 
 
 @pytest.fixture
-def user_dir(unprivileged_user):  # noqa: F811 - the fixture imported above
+def user_dir(unprivileged_user):
     path = Path(tempfile.mkdtemp(prefix="hpcstack-remove-"))
     os.chown(path, unprivileged_user.uid, unprivileged_user.gid)
     yield path
@@ -170,7 +169,7 @@ def test_remove_tree_refuses_a_symlink_in_place_of_the_tree(tmp_path):
 
 def test_remove_tree_removes_a_sealed_tree_as_the_build_user(
     user_dir,
-    unprivileged_user,  # noqa: F811
+    unprivileged_user,
     package_dir,
 ):
     tree = user_dir / "stage"
@@ -185,7 +184,7 @@ def test_remove_tree_removes_a_sealed_tree_as_the_build_user(
 
 def test_the_build_user_removing_a_sealed_tree_never_follows_a_symlink_out_of_it(
     user_dir,
-    unprivileged_user,  # noqa: F811
+    unprivileged_user,
     package_dir,
 ):
     outside = _outside(user_dir)
@@ -206,7 +205,7 @@ def test_the_build_user_removing_a_sealed_tree_never_follows_a_symlink_out_of_it
 
 def test_the_build_user_cannot_remove_a_tree_it_does_not_own(
     user_dir,
-    unprivileged_user,  # noqa: F811
+    unprivileged_user,
     package_dir,
 ):
     tree = user_dir / "stage"

@@ -23,7 +23,6 @@ import pytest
 
 import checkout
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import relocate
-from tests.integration.harness.users import unprivileged_user  # noqa: F401 - a fixture
 
 RUN_ID = "run1"
 OLD_TIME_NS = 1_000_000_000 * 1_000_000_000  # 2001-09-09, far from "now"
@@ -94,7 +93,7 @@ def package_dir():
 
 
 @pytest.fixture
-def user_site(unprivileged_user):  # noqa: F811 - the fixture imported above
+def user_site(unprivileged_user):
     """A Site in a directory the test user owns; each test chowns what it makes, then seals it."""
     base = Path(tempfile.mkdtemp(prefix="hpcstack-relocate-"))
     os.chown(base, unprivileged_user.uid, unprivileged_user.gid)
@@ -249,7 +248,7 @@ def test_a_sealed_file_in_a_sealed_directory_is_rewritten_and_stays_sealed(site)
 
 def test_the_build_user_rewrites_a_sealed_file_in_a_sealed_directory_and_it_stays_sealed(
     user_site,
-    unprivileged_user,  # noqa: F811
+    unprivileged_user,
     package_dir,
 ):
     sealed_dir = user_site.stage / "lib"
@@ -274,7 +273,7 @@ def test_the_build_user_rewrites_a_sealed_file_in_a_sealed_directory_and_it_stay
 
 def test_the_build_user_keeps_the_setuid_and_setgid_bits_of_a_rewritten_file(
     user_site,
-    unprivileged_user,  # noqa: F811
+    unprivileged_user,
     package_dir,
 ):
     # The kernel clears S_ISUID/S_ISGID when a process without CAP_FSETID writes the file.
@@ -402,7 +401,7 @@ def test_a_symlink_in_a_read_only_directory_is_rewritten_and_the_directory_stays
 
 def test_the_build_user_rewrites_a_symlink_in_a_sealed_directory(
     user_site,
-    unprivileged_user,  # noqa: F811
+    unprivileged_user,
     package_dir,
 ):
     sealed_dir = user_site.stage / "lib"

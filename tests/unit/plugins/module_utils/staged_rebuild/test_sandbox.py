@@ -25,7 +25,6 @@ import checkout
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import mountinfo
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import sandbox
 from tests.integration.harness.staged import snapshot
-from tests.integration.harness.users import unprivileged_user  # noqa: F401 - a fixture
 
 CHILD_TIMEOUT = 120
 # argv: the spec, then [[name, action, path], ...]. Prints {"error"} or {"uid", "gid", "results"}.
@@ -164,7 +163,7 @@ def _actions(site):
 
 
 @pytest.fixture(scope="module", params=["root", "build-user"])
-def sandboxed(request, package_dir, unprivileged_user):  # noqa: F811 - the fixture imported above
+def sandboxed(request, package_dir, unprivileged_user):
     """One child's run in the sandbox of Tiny/1.0, with the state outside before and after."""
     user = unprivileged_user if request.param == "build-user" else None
     base = _base(user)
@@ -273,7 +272,7 @@ def _mount_tmpfs_then(path, options="mode=0777"):
 
 
 @pytest.mark.parametrize("who", ["root", "build-user"])
-def test_a_mount_below_a_read_only_root_is_read_only_too(package_dir, unprivileged_user, who):  # noqa: F811
+def test_a_mount_below_a_read_only_root_is_read_only_too(package_dir, unprivileged_user, who):
     # nosuid,nodev,noexec are locked for a user namespace: the remount has to repeat them.
     user = unprivileged_user if who == "build-user" else None
     base = _base(user)
@@ -344,7 +343,7 @@ def test_enter_reports_a_view_whose_placeholder_is_missing(package_dir, tmp_path
 
 def test_enter_as_the_build_user_on_a_tree_it_cannot_read_is_reported_not_run(
     package_dir,
-    unprivileged_user,  # noqa: F811
+    unprivileged_user,
     tmp_path,
 ):
     # tmp_path is root's and private: the user cannot even reach it.
