@@ -32,7 +32,7 @@ import pytest
 import checkout
 import stackenv
 import tinypkgs
-from tests.integration.harness.staged import snapshot
+from tests.integration.harness.staged import LiveLayout, snapshot
 from tests.integration.harness.users import UnprivilegedUser
 
 # A real build of both tiny packages takes seconds; EasyBuild's own bwrap mode adds about
@@ -56,7 +56,7 @@ def failure_cases(backends):
 
 
 @dataclass
-class EbSite:
+class EbSite(LiveLayout):
     """One test's live EasyBuild tree, its state root, and the build user who owns both."""
 
     root: Path
@@ -72,18 +72,6 @@ class EbSite:
         return self.root / "apps"
 
     @property
-    def software(self) -> Path:
-        return self.installpath / "software"
-
-    @property
-    def modules(self) -> Path:
-        return self.installpath / "modules"
-
-    @property
-    def modules_all(self) -> Path:
-        return self.modules / "all"
-
-    @property
     def state_root(self) -> Path:
         return self.root / "state"
 
@@ -94,12 +82,6 @@ class EbSite:
     @property
     def uid(self) -> int:
         return 0 if self.user is None else self.user.uid
-
-    def live(self, module: str) -> Path:
-        return self.software / module
-
-    def module_file(self, module: str) -> Path:
-        return self.modules_all / (module + ".lua")
 
     def class_link(self, module: str, module_class: str = "tools") -> Path:
         return self.modules / module_class / (module + ".lua")

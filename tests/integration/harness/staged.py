@@ -46,14 +46,8 @@ def snapshot(*roots: Path) -> dict:
     return state
 
 
-@dataclass
-class StagedSite:
-    """A live tree under ``installpath``, a state root, and the tool to run on them."""
-
-    installpath: Path
-    state_root: Path
-    package_root: Path
-    env: dict = field(default_factory=dict)
+class LiveLayout:
+    """Where things are in a live tree under ``self.installpath``, as EasyBuild lays it out."""
 
     @property
     def software(self) -> Path:
@@ -63,11 +57,25 @@ class StagedSite:
     def modules(self) -> Path:
         return self.installpath / "modules"
 
+    @property
+    def modules_all(self) -> Path:
+        return self.modules / "all"
+
     def live(self, module: str) -> Path:
         return self.software / module
 
     def module_file(self, module: str) -> Path:
-        return self.modules / "all" / (module + ".lua")
+        return self.modules_all / (module + ".lua")
+
+
+@dataclass
+class StagedSite(LiveLayout):
+    """A live tree under ``installpath``, a state root, and the tool to run on them."""
+
+    installpath: Path
+    state_root: Path
+    package_root: Path
+    env: dict = field(default_factory=dict)
 
     def payload(self, module: str) -> str:
         return (self.live(module) / "PAYLOAD").read_text().strip()

@@ -12,9 +12,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
-import checkout
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import mountinfo
 
 CHILD_TIMEOUT = 120
@@ -30,11 +27,6 @@ print(json.dumps({
     "mounts": [list(row) for row in mountinfo.mounts() if row[0].startswith(root)],
 }))
 """
-
-
-@pytest.fixture
-def package_dir(tmp_path):
-    return checkout.link_package(tmp_path / "pkg")
 
 
 def _in_namespace(package_dir, root, mounts, extra=""):

@@ -14,11 +14,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
 import pytest
 
-import checkout
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import backends, paths
 
@@ -68,16 +66,6 @@ import json
 from hpcstack_ops.staged_rebuild import backends
 print(json.dumps({"bwrap": backends.probe_bwrap(), "userns": backends.probe_userns()}))
 """
-
-
-@pytest.fixture(scope="module")
-def package_dir():
-    """``hpcstack_ops`` -> this checkout's module_utils, in a directory every user can read."""
-    path = Path(tempfile.mkdtemp(prefix="hpcstack-pkg-"))
-    path.chmod(0o755)
-    checkout.link_package(path)
-    yield path
-    shutil.rmtree(path)
 
 
 @pytest.fixture

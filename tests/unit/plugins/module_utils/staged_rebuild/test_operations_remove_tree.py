@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-import checkout
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import operations
 from tests.integration.harness.staged import snapshot
 
@@ -25,16 +24,6 @@ import sys
 from hpcstack_ops.staged_rebuild import operations
 operations.remove_tree(sys.argv[1])
 """
-
-
-@pytest.fixture(scope="module")
-def package_dir():
-    """``hpcstack_ops`` -> this checkout's module_utils, in a directory every user can read."""
-    path = Path(tempfile.mkdtemp(prefix="hpcstack-pkg-"))
-    path.chmod(0o755)
-    checkout.link_package(path)
-    yield path
-    shutil.rmtree(path)
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-import checkout
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import relocate
 
 RUN_ID = "run1"
@@ -80,16 +79,6 @@ class Site:
 @pytest.fixture
 def site(tmp_path):
     return Site(tmp_path / "apps")
-
-
-@pytest.fixture(scope="module")
-def package_dir():
-    """``hpcstack_ops`` -> this checkout's module_utils, in a directory every user can read."""
-    path = Path(tempfile.mkdtemp(prefix="hpcstack-pkg-"))
-    path.chmod(0o755)
-    checkout.link_package(path)
-    yield path
-    shutil.rmtree(path)
 
 
 @pytest.fixture

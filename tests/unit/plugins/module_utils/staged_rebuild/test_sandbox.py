@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-import checkout
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import mountinfo
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import sandbox
 from tests.integration.harness.staged import snapshot
@@ -63,16 +62,6 @@ except sandbox.SandboxError as err:
 results = {name: attempt(action, path) for name, action, path in actions}
 print(json.dumps({"uid": os.getuid(), "gid": os.getgid(), "results": results}))
 """
-
-
-@pytest.fixture(scope="module")
-def package_dir():
-    """``hpcstack_ops`` -> this checkout's module_utils, in a directory every user can read."""
-    path = Path(tempfile.mkdtemp(prefix="hpcstack-pkg-"))
-    path.chmod(0o755)
-    checkout.link_package(path)
-    yield path
-    shutil.rmtree(path)
 
 
 def _base(user=None):
