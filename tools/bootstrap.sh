@@ -95,6 +95,22 @@ if [ ${#missing[@]} -gt 0 ]; then
   done
 fi
 
+# --- search permission for the build user -------------------------------------------------
+# The tests run .venv's Python and EasyBuild as an unprivileged build user, so every directory
+# above the checkout must let others pass (x, not r). A checkout under a private home does not.
+if [ "$profile" = test ] && [ "$(id -u)" -eq 0 ]; then
+  closed=()
+  dir=$repo
+  while [ "$dir" != / ]; do
+    [ -n "$(find "$dir" -maxdepth 0 -perm -o+x)" ] || closed+=("$dir")
+    dir=$(dirname "$dir")
+  done
+  if [ ${#closed[@]} -gt 0 ]; then
+    say "the tests run as an unprivileged user too: adding search permission for others to ${closed[*]}"
+    chmod o+x "${closed[@]}"
+  fi
+fi
+
 # --- .venv --------------------------------------------------------------------------------
 # The stamp names the lock file's hash and the interpreter: a changed pin or a new Python
 # rebuilds the environment, an unchanged one costs one hash.
