@@ -25,7 +25,7 @@ from ..common import errors
 from . import bwrapinfo, easybuild, sandbox
 
 BACKENDS = ("auto", "bwrap", "userns", "installpath")
-SANDBOXED = ("bwrap", "userns")
+SANDBOXED = ("bwrap", "userns")  # also the order in which auto tries them
 UNSANDBOXED = (
     "eb-staged-rebuild: backend installpath: EasyBuild runs WITHOUT a sandbox; "
     "a hook that writes outside its install path is not contained (--backend bwrap|userns requires one)"
@@ -65,34 +65,41 @@ def probe_userns():
     return done.returncode == 0
 
 
-def auto_choice(bwrap_works, userns_works):
-    """What ``auto`` picks, given the two probes."""
-    if bwrap_works:
-        return "bwrap"
-    return "userns" if userns_works else "installpath"
+_PROBES = {"bwrap": probe_bwrap, "userns": probe_userns}
+_REFUSALS = {
+    "bwrap": "--backend bwrap: 'bwrap --dev-bind / / true' fails for this user; "
+    "try --backend userns (eb-staged-rebuild probe --path DIR tells what works)",
+    "userns": "--backend userns: this user cannot make a user and mount namespace "
+    "(user.max_user_namespaces, or a policy); eb-staged-rebuild probe --path DIR tells what works",
+}
 
 
-def select(requested):
-    """The backend a run uses: ``requested`` itself after its probe, or ``auto``'s first working one."""
+def select(requested, probed=None):
+    """The backend a run uses: ``requested`` itself after its probe, or ``auto``'s first working one.
+
+    ``probed`` holds results already known (``{"bwrap": bool, "userns": bool}``); a probe not
+    in it runs only when the choice needs it, so ``auto`` on a host with bubblewrap never
+    makes a namespace.
+    """
     if requested not in BACKENDS:
         raise errors.UsageError(f"--backend {requested} is not one of {', '.join(BACKENDS)}")
-    if requested == "installpath":
-        return requested
-    if requested in ("auto", "bwrap") and probe_bwrap():
-        return "bwrap"
-    if requested == "bwrap":
-        raise errors.UsageError(
-            "--backend bwrap: 'bwrap --dev-bind / / true' fails for this user; "
-            "try --backend userns (eb-staged-rebuild probe --path DIR tells what works)"
-        )
-    if probe_userns():
-        return "userns"
-    if requested == "userns":
-        raise errors.UsageError(
-            "--backend userns: this user cannot make a user and mount namespace "
-            "(user.max_user_namespaces, or a policy); eb-staged-rebuild probe --path DIR tells what works"
-        )
-    return "installpath"
+    probed = dict(probed or {})
+
+    def works(backend):
+        if backend not in probed:
+            probed[backend] = _PROBES[backend]()
+        return probed[backend]
+
+    if requested == "auto":
+        return next((backend for backend in SANDBOXED if works(backend)), "installpath")
+    if requested in SANDBOXED and not works(requested):
+        raise errors.UsageError(_REFUSALS[requested])
+    return requested
+
+
+def auto_choice(bwrap_works, userns_works):
+    """What ``auto`` picks, given the two probes."""
+    return select("auto", {"bwrap": bwrap_works, "userns": userns_works})
 
 
 class Build:

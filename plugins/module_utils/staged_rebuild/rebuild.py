@@ -27,7 +27,7 @@ def new_run_id():
     return f"{stamp}-{binascii.hexlify(os.urandom(3)).decode()}"
 
 
-def check_request(request):
+def check_request(request, probed=None):
     """Refuse a bad request before anything is written; return the trees and module paths."""
     trees = paths.Trees(request["software"], request["modules"])
     if request.get("backend", "auto") not in backends.BACKENDS:
@@ -58,7 +58,7 @@ def check_request(request):
             )
         )
     # Last: the probes run programs, and a request refused for a plain reason should not wait.
-    backend = backends.select(request.get("backend", "auto"))
+    backend = backends.select(request.get("backend", "auto"), probed)
     return trees, run_id, module_paths, backend
 
 
@@ -84,14 +84,16 @@ def describe(request, trees, run_id, backend, module_paths):
 
 def dry_run(request):
     """What a rebuild would do; writes nothing, takes no lock, runs nothing."""
-    trees, run_id, module_paths, backend = check_request(request)
+    # Every probe once: the report shows them all, and the backend is chosen from them.
+    probes = probe.sandbox_probes()
+    trees, run_id, module_paths, backend = check_request(request, probes)
     result = describe(request, trees, run_id, backend, module_paths)
     result.update(
         {
             "dry_run": True,
             "changed": False,
             "modules": [entry.module for entry in module_paths],
-            "probes": probe.sandbox_probes(),
+            "probes": probes,
         }
     )
     return result
