@@ -5,6 +5,7 @@ every integration test.
 """
 
 from tests.integration.harness.ebsite import eb_site_factory
+from tests.integration.harness.guard import eessi_prefix, guard_site
 from tests.integration.harness.mounts import fuse_dir
 from tests.integration.harness.slurm import slurm_cluster
 from tests.integration.harness.stack import easybuild, lmod, tiny_packages
@@ -14,7 +15,9 @@ from tests.integration.harness.users import unprivileged_user, user_tmp_path
 __all__ = [
     "easybuild",
     "eb_site_factory",
+    "eessi_prefix",
     "fuse_dir",
+    "guard_site",
     "lmod",
     "package_root",
     "slurm_cluster",

@@ -1,0 +1,110 @@
+# Copyright: hpcstack.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""``eessi-arch-guard``: Slurm's TaskProlog (no arguments) or ``--shell`` for a job script.
+
+It never exits non-zero: since Slurm 22.05 a failing TaskProlog kills the task. Whatever
+goes wrong becomes one ``eessi-arch-guard: skipped, ...`` line and exit 0.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+PROG = "eessi-arch-guard"
+
+
+class _UsageProblem(Exception):
+    """Bad arguments: reported as a skip, since a usage error must not kill the task."""
+
+
+def build_parser():
+    import argparse  # noqa: PLC0415 (the cached-decision path of a later version must stay lean)
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):
+            raise _UsageProblem(message)
+
+    parser = Parser(
+        prog=PROG,
+        description="Give a Slurm task the EESSI environment of the node it runs on. Without "
+        "arguments it writes TaskProlog directives; with --shell, code for eval.",
+    )
+    parser.add_argument("--shell", action="store_true", help='print shell code: eval "$(%(prog)s --shell)"')
+    parser.add_argument(
+        "--json", action="store_true", help="print the decision as JSON instead of applying it"
+    )
+    return parser
+
+
+def main(argv=None, environ=None, stdout=None, stderr=None) -> int:
+    """Run the guard; always 0. ``environ``/``stdout``/``stderr`` default to the process's own."""
+    shell_mode = False
+    try:
+        env = os.environ if environ is None else environ
+        out = stdout if stdout is not None else sys.stdout.buffer
+        err = stderr if stderr is not None else sys.stderr.buffer
+        options = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+        shell_mode = options.shell
+        _run(options, env, out, err)
+    except Exception as problem:  # the guard must not fail the task, whatever broke
+        if shell_mode:
+            _write(
+                stderr if stderr is not None else getattr(sys.stderr, "buffer", None),
+                _skip_line(problem) + b"\n",
+            )
+        else:
+            _write(
+                stdout if stdout is not None else getattr(sys.stdout, "buffer", None),
+                b"print " + _skip_line(problem) + b"\n",
+            )
+    return 0
+
+
+def _run(options, env, out, err) -> None:
+    # Imported here, not at the top: a failure to import becomes a skip line, not a traceback.
+    from ..common import proc  # noqa: PLC0415
+    from . import decide, emit  # noqa: PLC0415
+
+    mode = emit.SHELL if options.shell else emit.PROLOG
+    decision = decide.decide(env, mode, proc.Deadline(decide.timeout_seconds(env)))
+    if env.get("EESSI_ARCH_GUARD_VERBOSE") == "1":
+        _write(err, os.fsencode(f"{PROG}: {decide.printable(decision.detail)}\n"))
+    if options.json:
+        import json  # noqa: PLC0415 (only --json needs it)
+
+        _write(out, json.dumps(dict(decision.as_dict(), mode=mode), indent=2).encode() + b"\n")
+    elif options.shell:
+        code, message = emit.shell_output(decision)
+        _write(out, code)
+        _write(err, message)
+    else:
+        _write(out, emit.prolog_output(decision, env.get("SLURM_LOCALID")))
+
+
+def _skip_line(problem: Exception) -> bytes:
+    text = str(problem) if isinstance(problem, _UsageProblem) else f"{type(problem).__name__}: {problem}"
+    what = " ".join(text.split())
+    return os.fsencode(f"{PROG}: skipped, {what[:1000]}")
+
+
+def _write(stream, data: bytes) -> None:
+    """Write and flush; a failed write is dropped (the reader is gone or the disk is full)."""
+    if not data or stream is None:
+        return
+    try:
+        stream.write(data)
+        stream.flush()
+    except (OSError, ValueError):
+        _silence(stream)
+
+
+def _silence(stream) -> None:
+    # Python flushes sys.stdout again at exit and turns a second EPIPE into exit status
+    # 120; pointing the descriptor at /dev/null makes that flush succeed.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass

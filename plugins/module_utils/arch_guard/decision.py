@@ -1,0 +1,53 @@
+# Copyright: hpcstack.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The decision for one task: what to change in its environment and what to tell the user.
+
+The same value is emitted as prolog lines or as shell code, and (per step) cached; it is
+kept to plain data so reading a cached one needs nothing else.
+"""
+
+from __future__ import annotations
+
+SKIP = "skip"
+RELOAD = "reload"
+FAIL = "fail"
+
+RELOADED_MARKER = "EESSI_ARCH_GUARD_RELOADED"
+FAILED_MARKER = "EESSI_ARCH_GUARD_FAILED"
+
+
+class Decision:
+    """``action`` is SKIP, RELOAD or FAIL; ``detail`` is the reason VERBOSE writes.
+
+    ``changes`` is the delta in order, ``(name, value)`` to export and ``(name, None)`` to
+    unset; ``message`` is the sentence for the user ("" for none).
+    """
+
+    __slots__ = ("action", "changes", "detail", "message")
+
+    def __init__(self, action: str, detail: str, changes=(), message: str = "") -> None:
+        self.action = action
+        self.detail = detail
+        self.changes = tuple(changes)
+        self.message = message
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Decision) and self.as_dict() == other.as_dict()
+
+    def __hash__(self) -> int:
+        return hash((self.action, self.detail, self.changes, self.message))
+
+    def __repr__(self) -> str:
+        return f"Decision({self.action!r}, {self.detail!r}, {self.changes!r}, {self.message!r})"
+
+    def as_dict(self) -> dict:
+        return {
+            "action": self.action,
+            "detail": self.detail,
+            "changes": [[name, value] for name, value in self.changes],
+            "message": self.message,
+        }
+
+
+def skip(detail: str) -> Decision:
+    return Decision(SKIP, detail)

@@ -1,0 +1,139 @@
+# Copyright: hpcstack.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The restore helper: reload the task's modules through Lmod on this node.
+
+Lmod keeps what EESSI's module detected with ``source_sh`` in its module table, and a
+second ``load`` of a loaded module reuses it: an environment from a login node keeps the
+login node's answer. Only unloading and loading again makes EESSI detect anew. The helper
+is a bash child in its own session and its own work directory: it unloads the task's
+modules (last first), loads them again in order, and writes its environment before and
+after as NUL-separated ``NAME=value`` records. Lmod's messages stay in the child's captured
+stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from ..common import proc
+from . import archdetect, envdelta
+
+# $1: the env program, $2...: the modules, in load order. The work directory is the cwd.
+# Lmod ends its output with `false` when a command fails, so eval's status is Lmod's; the
+# LOADEDMODULES check catches a module that Lmod skipped without saying so.
+HELPER_SCRIPT = r"""
+env_tool=$1
+shift
+lmod() {
+    local code
+    code=$("$LMOD_CMD" bash "$@") || return 1
+    eval "$code"
+}
+"$env_tool" -0 > before.env || exit 90
+for (( i = $#; i >= 1; i-- )); do
+    lmod unload "${!i}"
+done
+for module in "$@"; do
+    lmod load "$module"
+    case ":${LOADEDMODULES-}:" in
+        *":$module:"*) ;;
+        *) printf '%s' "$module" > failed-module; exit 3 ;;
+    esac
+done
+"$env_tool" -0 > after.env || exit 91
+: > complete
+"""
+
+# Where the helper's `env` is looked for: the system's, not one a module put on PATH.
+_ENV_TOOL_PATH = "/usr/bin:/bin"
+
+
+class RestoreFailed(Exception):
+    """The helper died, timed out or left no usable report."""
+
+
+class ModuleLoadFailed(Exception):
+    """One of the task's modules cannot be loaded on this node."""
+
+    def __init__(self, module: str, detail: str) -> None:
+        super().__init__(detail)
+        self.module = module
+
+
+class Report:
+    """The helper's environment before and after the reload, as ``{name: value}``."""
+
+    __slots__ = ("after", "before")
+
+    def __init__(self, before: dict, after: dict) -> None:
+        self.before = before
+        self.after = after
+
+
+def lmod_command(env):
+    """``$LMOD_CMD`` when it names an executable file, else None."""
+    command = env.get("LMOD_CMD", "")
+    if command and os.path.isfile(command) and os.access(command, os.X_OK):
+        return command
+    return None
+
+
+def work_root(env) -> str:
+    tmpdir = env.get("TMPDIR", "")
+    return tmpdir if os.path.isabs(tmpdir) and os.path.isdir(tmpdir) else "/tmp"  # noqa: S108 (the reference names /tmp)
+
+
+def reload_modules(env, modules, deadline: proc.Deadline) -> Report:
+    """Run the helper from ``env`` and return its report.
+
+    Raises ModuleLoadFailed, RestoreFailed, or proc.DeadlineExceeded. The work directory is
+    removed whatever happens.
+    """
+    env_tool = shutil.which("env", path=_ENV_TOOL_PATH)
+    if env_tool is None:
+        raise RestoreFailed(f"no env program in {_ENV_TOOL_PATH}")
+    argv = [archdetect.bash_path(env), "--noprofile", "--norc", "-c", HELPER_SCRIPT, "restore", env_tool]
+    try:
+        work = tempfile.mkdtemp(prefix=".eessi-arch-guard-restore.", dir=work_root(env))
+    except OSError as err:
+        raise RestoreFailed(
+            f"cannot create the helper's work directory in {work_root(env)}: {err.strerror}"
+        ) from None
+    try:
+        try:
+            result = proc.run_child(
+                argv + list(modules), env=envdelta.child_environment(env), deadline=deadline, cwd=work
+            )
+        except OSError as err:
+            raise RestoreFailed(f"cannot start the restore helper: {err.strerror}") from None
+        return _read_report(work, result)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _read_report(work: str, result: proc.ChildResult) -> Report:
+    said = proc.summary(result.stderr)
+    failed = os.path.join(work, "failed-module")
+    if os.path.exists(failed):
+        with open(failed, "rb") as handle:
+            module = os.fsdecode(handle.read())
+        raise ModuleLoadFailed(module, f"module {module} failed to load: {said or 'Lmod said nothing'}")
+    if result.returncode != 0 or not os.path.exists(os.path.join(work, "complete")):
+        raise RestoreFailed(f"the restore helper exited {result.returncode}: {said or 'no message'}")
+    return Report(_read_env(os.path.join(work, "before.env")), _read_env(os.path.join(work, "after.env")))
+
+
+def _read_env(path: str) -> dict:
+    with open(path, "rb") as handle:
+        records = handle.read().split(b"\0")
+    if records[-1] != b"":
+        raise RestoreFailed(f"the restore helper's report {os.path.basename(path)} is truncated")
+    env = {}
+    for record in records[:-1]:
+        name, sep, value = record.partition(b"=")
+        if not sep or not name:
+            raise RestoreFailed(f"the restore helper's report has a record without a name: {record[:40]!r}")
+        env[os.fsdecode(name)] = os.fsdecode(value)
+    return env
