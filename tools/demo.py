@@ -4,8 +4,9 @@ Real EasyBuild (from .venv) builds TinyApp 1.0 and its dependency TinyLib 1.0, o
 into ./demo (software/ and modules/all/, as on a cluster); real Lmod then lists and loads
 them. Then eb-staged-rebuild rebuilds TinyApp beside the live tree with real EasyBuild,
 swaps it in, rolls it back and collects the retired tree, with Lmod loading the module at
-every stage. A second run finds both installed and EasyBuild skips them. HPCSTACK_DEMO_DIR puts
-the tree elsewhere (the tests do).
+every stage. Last, eessi-arch-guard repairs a job that inherited EESSI's environment for
+another CPU (tools/demo_guard.py). A second run finds both installed and EasyBuild skips
+them. HPCSTACK_DEMO_DIR puts the tree elsewhere (the tests do).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from importlib import metadata
 from pathlib import Path
 
 import checkout
+import demo_guard
 import stackenv
 import tinypkgs
 
@@ -89,7 +91,7 @@ def main() -> int:
     print(shown.stdout.rstrip())
     if not show_app(module_shell):
         return 1
-    return staged_rebuild(env, module_shell)
+    return staged_rebuild(env, module_shell) or demo_guard.run(lmod, DEMO)
 
 
 def show_app(module_shell) -> bool:

@@ -21,7 +21,7 @@ NEOVERSE_N1 = ("aarch64/neoverse_n1", None)
 REMEDY = b"add 'module reset' to the job script or submit with --export=NONE"
 
 
-def expect_failure(guard_site, job: dict, marker: str) -> None:
+def assert_failure_keeps_the_environment(guard_site, job: dict, marker: str) -> None:
     """Prolog and shell mode leave ``job`` as it was, but for EESSI_ARCH_GUARD_FAILED=marker."""
     run, task = guard_site.as_prolog(dict(job, SLURM_LOCALID="0"))
     assert run.returncode == 0
@@ -46,7 +46,7 @@ def test_node_without_software_for_its_cpu_is_no_software_dir(guard_site):
     # Our prefix has no x86_64/generic tree: an old CPU with none of the newer targets' flags.
     job = guard_site.job_env(HASWELL, ("x86_64/generic", None))
 
-    expect_failure(guard_site, job, "x86_64/intel/haswell->no-software-dir")
+    assert_failure_keeps_the_environment(guard_site, job, "x86_64/intel/haswell->no-software-dir")
 
 
 @pytest.mark.parametrize(
@@ -60,14 +60,14 @@ def test_node_without_software_for_its_cpu_is_no_software_dir(guard_site):
 def test_archdetect_that_cannot_answer_is_archdetect_failed(guard_site, node_vars):
     job = guard_site.job_env(HASWELL, ZEN3, **node_vars)
 
-    expect_failure(guard_site, job, "x86_64/intel/haswell->archdetect-failed")
+    assert_failure_keeps_the_environment(guard_site, job, "x86_64/intel/haswell->archdetect-failed")
 
 
 def test_missing_archdetect_is_archdetect_failed(guard_site, tmp_path):
     job = guard_site.job_env(HASWELL, ZEN3, EESSI_INIT_PREFIX=str(tmp_path))
     job["EESSI_PREFIX"] = str(tmp_path)
 
-    expect_failure(guard_site, job, "x86_64/intel/haswell->archdetect-failed")
+    assert_failure_keeps_the_environment(guard_site, job, "x86_64/intel/haswell->archdetect-failed")
 
 
 @pytest.mark.parametrize(
@@ -88,7 +88,7 @@ def test_archdetect_answer_that_is_not_a_target_is_archdetect_failed(
     )
     job = guard_site.job_env(HASWELL, ZEN3, EESSI_INIT_PREFIX=str(tmp_path))
 
-    expect_failure(guard_site, job, "x86_64/intel/haswell->archdetect-failed")
+    assert_failure_keeps_the_environment(guard_site, job, "x86_64/intel/haswell->archdetect-failed")
 
 
 def test_module_name_the_helper_refuses_is_unsafe_module_name(guard_site):
@@ -101,7 +101,7 @@ def test_module_name_the_helper_refuses_is_unsafe_module_name(guard_site):
     job = guard_site.job_env(HASWELL, ZEN3, modules)
     assert "_private/1.0" in job["LOADEDMODULES"].split(":")
 
-    expect_failure(guard_site, job, "x86_64/intel/haswell->unsafe-module-name")
+    assert_failure_keeps_the_environment(guard_site, job, "x86_64/intel/haswell->unsafe-module-name")
 
 
 @pytest.mark.parametrize(
@@ -114,28 +114,28 @@ def test_node_without_the_jobs_lmod_is_lmod_unavailable(guard_site, lmod_cmd):
     else:
         job["LMOD_CMD"] = lmod_cmd
 
-    expect_failure(guard_site, job, "x86_64/intel/haswell->lmod-unavailable")
+    assert_failure_keeps_the_environment(guard_site, job, "x86_64/intel/haswell->lmod-unavailable")
 
 
 def test_lmod_cmd_that_is_not_executable_is_lmod_unavailable(guard_site, tmp_path):
     (tmp_path / "lmod").write_text("#!/bin/sh\n")
     job = guard_site.job_env(HASWELL, ZEN3, LMOD_CMD=str(tmp_path / "lmod"))
 
-    expect_failure(guard_site, job, "x86_64/intel/haswell->lmod-unavailable")
+    assert_failure_keeps_the_environment(guard_site, job, "x86_64/intel/haswell->lmod-unavailable")
 
 
 def test_helper_killed_by_a_signal_is_restore_failed(guard_site, tmp_path):
     lmod = executable(tmp_path / "lmod", "#!/bin/sh\nkill -KILL $PPID\n")
     job = guard_site.job_env(HASWELL, ZEN3, LMOD_CMD=str(lmod))
 
-    expect_failure(guard_site, job, "x86_64/intel/haswell->restore-failed")
+    assert_failure_keeps_the_environment(guard_site, job, "x86_64/intel/haswell->restore-failed")
 
 
 def test_lmod_that_reloads_nothing_is_restore_failed(guard_site, tmp_path):
     lmod = executable(tmp_path / "lmod", "#!/bin/sh\nexit 0\n")
     job = guard_site.job_env(HASWELL, ZEN3, LMOD_CMD=str(lmod), EESSI_ARCH_GUARD_VERBOSE="1")
 
-    expect_failure(guard_site, job, "x86_64/intel/haswell->restore-failed")
+    assert_failure_keeps_the_environment(guard_site, job, "x86_64/intel/haswell->restore-failed")
     run = guard_site.run(job)
     assert b"after the reload EESSI_SOFTWARE_SUBDIR is 'x86_64/intel/haswell'" in run.stderr
 
@@ -143,7 +143,7 @@ def test_lmod_that_reloads_nothing_is_restore_failed(guard_site, tmp_path):
 def test_work_directory_that_cannot_be_created_is_restore_failed(guard_site):
     job = guard_site.job_env(HASWELL, ZEN3, TMPDIR="/proc")
 
-    expect_failure(guard_site, job, "x86_64/intel/haswell->restore-failed")
+    assert_failure_keeps_the_environment(guard_site, job, "x86_64/intel/haswell->restore-failed")
 
 
 def test_module_missing_on_this_nodes_target_fails_with_both_labels(guard_site):
@@ -151,7 +151,7 @@ def test_module_missing_on_this_nodes_target_fails_with_both_labels(guard_site):
     modules = (*eessilike.default_modules(guard_site.prefix), "OnlyOnHaswell/1.0")
     job = guard_site.job_env(HASWELL, ZEN3, modules, EESSI_ARCH_GUARD_VERBOSE="1")
 
-    expect_failure(guard_site, job, "x86_64/intel/haswell->x86_64/amd/zen3")
+    assert_failure_keeps_the_environment(guard_site, job, "x86_64/intel/haswell->x86_64/amd/zen3")
     run = guard_site.run(job)
     assert b"module OnlyOnHaswell/1.0 failed to load" in run.stderr
 
@@ -160,14 +160,16 @@ def test_gpu_module_on_a_node_without_gpu_fails_with_both_accelerator_labels(gua
     modules = (*eessilike.default_modules(guard_site.prefix), "GpuKit/1.0")
     job = guard_site.job_env(ICELAKE_GPU, ZEN3, modules)
 
-    expect_failure(guard_site, job, "x86_64/intel/icelake accel/nvidia/cc80->x86_64/amd/zen3 no accel")
+    assert_failure_keeps_the_environment(
+        guard_site, job, "x86_64/intel/icelake accel/nvidia/cc80->x86_64/amd/zen3 no accel"
+    )
 
 
 def test_deadline_that_passes_is_timeout(guard_site, tmp_path):
     lmod = executable(tmp_path / "lmod", "#!/bin/sh\nexec sleep 300\n")
     job = guard_site.job_env(HASWELL, ZEN3, LMOD_CMD=str(lmod), EESSI_ARCH_GUARD_TIMEOUT="2")
 
-    expect_failure(guard_site, job, "x86_64/intel/haswell->timeout")
+    assert_failure_keeps_the_environment(guard_site, job, "x86_64/intel/haswell->timeout")
 
 
 def module_with(guard_site, name: str, lua_on_zen3: str) -> tuple:

@@ -33,7 +33,7 @@ def pair_id(pair) -> str:
     return f"{node_id(pair[0])}->{node_id(pair[1])}"
 
 
-def expect_fresh_load(guard_site, env: dict, compute) -> None:
+def assert_fresh_load(guard_site, env: dict, compute) -> None:
     fresh = guard_site.login(compute)
     for name in COMPARED:
         assert env.get(name) == fresh.get(name), name
@@ -48,7 +48,7 @@ def test_prolog_output_gives_the_task_a_fresh_load_of_its_modules_on_this_node(g
     run, task = guard_site.as_prolog(job)
 
     assert run.returncode == 0
-    expect_fresh_load(guard_site, task, compute)
+    assert_fresh_load(guard_site, task, compute)
     assert task["EESSI_ARCH_GUARD_RELOADED"] == f"{label(login, compute)}->{label(compute, login)}"
     assert run.stdout.endswith(
         f"print eessi-arch-guard: reloaded EESSI for {label(compute, login)} "
@@ -65,7 +65,7 @@ def test_shell_mode_in_a_job_script_gives_the_same_environment(guard_site, pair)
     script = guard_site.in_job_script(job)
 
     assert script.returncode == 0, script.stderr
-    expect_fresh_load(guard_site, script.env, compute)
+    assert_fresh_load(guard_site, script.env, compute)
     assert script.env["EESSI_ARCH_GUARD_RELOADED"] == f"{label(login, compute)}->{label(compute, login)}"
     assert f"eessi-arch-guard: reloaded EESSI for {label(compute, login)}" in script.stderr
 

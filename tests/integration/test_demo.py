@@ -29,7 +29,10 @@ def test_demo_builds_the_live_tree_and_lists_its_modules(tmp_path):
     avail = first.stdout.split("module avail")[1]
     assert "TinyApp/1.0" in avail
     assert "TinyLib/1.0" in avail
-    assert first.stdout.rstrip().endswith("hello from TinyLib 1.0")
+    assert "tinyapp: hello from TinyLib 1.0" in first.stdout
+    assert first.stdout.rstrip().endswith(
+        "EESSI_ARCH_GUARD_RELOADED=x86_64/amd/zen3 no accel->x86_64/intel/icelake accel/nvidia/cc80"
+    )
     assert (tmp_path / "demo" / "software" / "TinyApp" / "1.0" / "bin" / "tinyapp").is_file()
 
 
@@ -65,3 +68,21 @@ def test_demo_run_twice_leaves_the_installed_tree_alone(tmp_path):
     assert "TinyApp/1.0 is already installed" in second.stdout
     assert install.stat().st_ino == inode
     assert (install / "bin" / "tinyapp").stat().st_mtime_ns == mtime
+
+
+def test_guard_demo_shows_the_wrong_build_then_the_right_one(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(checkout.REPO / "tools" / "demo_guard.py")],
+        env=dict(os.environ, HPCSTACK_DEMO_DIR=str(tmp_path / "demo")),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    before, prolog, after = done.stdout.split("demo: ")[3:6]
+    assert "usera runs the build for x86_64/amd/zen3" in before
+    assert "print eessi-arch-guard: reloaded EESSI for x86_64/intel/icelake accel/nvidia/cc80" in prolog
+    assert "EESSI_SOFTWARE_SUBDIR=x86_64/intel/icelake" in after
+    assert "usera runs the build for x86_64/intel/icelake" in after
