@@ -27,6 +27,7 @@ def build_parser():
 
     parser = Parser(
         prog=PROG,
+        allow_abbrev=False,
         description="Give a Slurm task the EESSI environment of the node it runs on. Without "
         "arguments it writes TaskProlog directives; with --shell, code for eval.",
     )
@@ -39,14 +40,15 @@ def build_parser():
 
 def main(argv=None, environ=None, stdout=None, stderr=None) -> int:
     """Run the guard; always 0. ``environ``/``stdout``/``stderr`` default to the process's own."""
-    shell_mode = False
+    args = sys.argv[1:] if argv is None else list(argv)
+    # Known before parsing, so that bad arguments are reported on the stream of the mode
+    # the caller asked for.
+    shell_mode = any(arg == "--shell" or arg.startswith("--shell=") for arg in args)
     try:
         env = os.environ if environ is None else environ
         out = stdout if stdout is not None else sys.stdout.buffer
         err = stderr if stderr is not None else sys.stderr.buffer
-        options = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-        shell_mode = options.shell
-        _run(options, env, out, err)
+        _run(build_parser().parse_args(args), env, out, err)
     except Exception as problem:  # the guard must not fail the task, whatever broke
         if shell_mode:
             _write(

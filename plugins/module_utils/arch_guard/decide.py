@@ -17,6 +17,9 @@ from . import archdetect, emit, envdelta, restore
 from .decision import FAIL, FAILED_MARKER, RELOAD, RELOADED_MARKER, Decision, skip
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
+# A TaskProlog that runs for a day is a hung node, and larger values overflow the kernel's
+# timeouts: they mean the default.
+MAX_TIMEOUT_SECONDS = 86400.0
 DISABLING_VALUES = frozenset(("0", "off", "no", "false"))
 
 # Names the helper passes to Lmod: a module path of plain components, nothing a shell or
@@ -62,7 +65,7 @@ def timeout_seconds(env) -> float:
         seconds = float(env.get("EESSI_ARCH_GUARD_TIMEOUT", ""))
     except ValueError:
         return DEFAULT_TIMEOUT_SECONDS
-    return seconds if 0 < seconds < float("inf") else DEFAULT_TIMEOUT_SECONDS
+    return seconds if 0 < seconds <= MAX_TIMEOUT_SECONDS else DEFAULT_TIMEOUT_SECONDS
 
 
 def disabled_by(env):

@@ -37,18 +37,28 @@ def export_line(name: str, value: str) -> bytes:
     return b"export " + os.fsencode(name) + b"=" + os.fsencode(value) + b"\n"
 
 
+def unset_line(name: str) -> bytes:
+    return b"unset " + os.fsencode(name) + b"\n"
+
+
+def directive(name: str, value) -> bytes:
+    """The prolog line for one change: ``unset`` when ``value`` is None, else ``export``."""
+    return unset_line(name) if value is None else export_line(name, value)
+
+
 def why_unsafe(name: str, value, mode: str):
     """Why ``(name, value)`` cannot be carried in ``mode``, or None when it can."""
     if not is_valid_name(name):
         return f"the name {name!r} is not a valid variable name"
-    if value is None or mode != PROLOG:
+    if mode != PROLOG:
         return None
     for char, what in (("\n", "a newline"), ("\r", "a carriage return"), ("\0", "a NUL")):
-        if char in value:
+        if value is not None and char in value:
             return f"the value of {name} contains {what}"
-    length = len(export_line(name, value))
+    length = len(directive(name, value))
     if length > PROLOG_LINE_MAX:
-        return f"the export line for {name} is {length} bytes (limit {PROLOG_LINE_MAX})"
+        kind = "unset" if value is None else "export"
+        return f"the {kind} line for {name} is {length} bytes (limit {PROLOG_LINE_MAX})"
     return None
 
 
@@ -85,10 +95,7 @@ def print_line(message: str) -> bytes:
 
 def prolog_output(decision: decisions.Decision, local_id) -> bytes:
     """The TaskProlog's stdout; the message only for the node's first task (local id 0)."""
-    lines = [
-        b"unset " + os.fsencode(name) + b"\n" if value is None else export_line(name, value)
-        for name, value in decision.changes
-    ]
+    lines = [directive(name, value) for name, value in decision.changes]
     if decision.message and local_id in (None, "0"):
         lines.append(print_line(decision.message))
     return b"".join(lines)
@@ -99,7 +106,7 @@ def shell_output(decision: decisions.Decision):
     import shlex  # noqa: PLC0415 (only the shell form needs it; the prolog path stays lean)
 
     lines = [
-        b"unset " + os.fsencode(name) + b"\n"
+        unset_line(name)
         if value is None
         else b"export " + os.fsencode(name) + b"=" + os.fsencode(shlex.quote(value)) + b"\n"
         for name, value in decision.changes
