@@ -1,9 +1,9 @@
 """How slurmd applies a TaskProlog's output to a task: the tests' oracle for the guard.
 
-Modelled on ``src/slurmd/slurmstepd/task.c`` as /work/shared/spec/platform-facts.md
-describes it. Slurm 17.11-21.08 read the output with ``fgets(buf, sizeof(buf) - 1)`` on
-``char buf[4096]``: each read returns at most 4094 bytes, newline included, so a longer
-line is split and its tail is read as a line of its own. Each piece is a C string (it ends
+Modelled on Slurm's ``src/slurmd/slurmstepd/task.c``. Slurm 17.11-21.08 read the output
+with ``fgets(buf, sizeof(buf) - 1)`` on ``char buf[4096]``: each read returns at most 4094
+bytes, newline included, so a longer line is split and its tail is read as a line of its
+own. Each piece is a C string (it ends
 at a NUL). Of the pieces, only those starting at column 0 with ``export ``, ``unset `` or
 ``print `` count:
 

@@ -2,8 +2,8 @@
 
     .venv/bin/python tools/check_archdetect.py DATA_DIR
 
-DATA_DIR is a copy of EESSI's ``tests/archdetect`` (kept outside this repository, e.g.
-/work/shared/data/archdetect; its licence keeps it out of ours). For every
+DATA_DIR is a copy of EESSI's ``tests/archdetect`` from its software-layer-scripts
+repository, kept outside this repository (its licence, GPL-2.0, keeps it out of ours). For every
 ``x86_64/**/<Name>.cpuinfo`` and ``aarch64/**/<Name>.cpuinfo`` the stand-in runs with
 ``EESSI_PROC_CPUINFO=<Name>.cpuinfo EESSI_MACHINE_TYPE=<machine>``; ``cpupath`` must print
 ``<Name>.output`` and ``-a cpupath`` ``<Name>.all.output`` (trailing whitespace ignored).

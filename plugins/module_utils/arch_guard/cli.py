@@ -42,25 +42,32 @@ def main(argv=None, environ=None, stdout=None, stderr=None) -> int:
     """Run the guard; always 0. ``environ``/``stdout``/``stderr`` default to the process's own."""
     args = sys.argv[1:] if argv is None else list(argv)
     # Known before parsing, so that bad arguments are reported on the stream of the mode
-    # the caller asked for.
+    # the caller asked for: in shell mode stdout is code that the job's shell runs.
     shell_mode = any(arg == "--shell" or arg.startswith("--shell=") for arg in args)
+    env = os.environ if environ is None else environ
+    out = stdout if stdout is not None else getattr(sys.stdout, "buffer", None)
+    err = stderr if stderr is not None else getattr(sys.stderr, "buffer", None)
     try:
-        env = os.environ if environ is None else environ
-        out = stdout if stdout is not None else sys.stdout.buffer
-        err = stderr if stderr is not None else sys.stderr.buffer
-        _run(build_parser().parse_args(args), env, out, err)
+        parser = build_parser()
+        if "-h" in args or "--help" in args:
+            # argparse would print to sys.stdout itself, which eval runs in shell mode.
+            _write(err if shell_mode else out, parser.format_help().encode())
+            return 0
+        _run(parser.parse_args(args), env, out, err)
     except Exception as problem:  # the guard must not fail the task, whatever broke
         if shell_mode:
-            _write(
-                stderr if stderr is not None else getattr(sys.stderr, "buffer", None),
-                _skip_line(problem) + b"\n",
-            )
-        else:
-            _write(
-                stdout if stdout is not None else getattr(sys.stdout, "buffer", None),
-                b"print " + _skip_line(problem) + b"\n",
-            )
+            _write(err, _skip_line(problem) + b"\n")
+        elif _is_first_task(env):
+            _write(out, b"print " + _skip_line(problem) + b"\n")
     return 0
+
+
+def _is_first_task(env) -> bool:
+    """Local task 0 (or no Slurm): the one that prints for the node. True when unknown."""
+    try:
+        return env.get("SLURM_LOCALID") in (None, "0")
+    except Exception:  # the environment itself may be what failed
+        return True
 
 
 def _run(options, env, out, err) -> None:
