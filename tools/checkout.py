@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,3 +46,30 @@ def link_package(dest: Path, repo: Path = REPO) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     (dest / PACKAGE).symlink_to(repo / "plugins" / "module_utils", target_is_directory=True)
     return dest
+
+
+def pip_install(target: Path, scratch: Path, repo: Path = REPO) -> subprocess.CompletedProcess:
+    """``pip install --target target`` of a copy of the checkout made under ``scratch``.
+
+    Installs what ``pip install .`` would (the package and its console scripts in
+    ``target/bin``), from the tracked files only, with the running interpreter.
+    """
+    source = copy_to(scratch / "src", repo)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )

@@ -416,17 +416,9 @@ def login_environment(
     return ran.env
 
 
-def fresh_load(
-    lmod: stackenv.Lmod,
-    prefix: EessiPrefix,
-    node_vars: Mapping[str, str],
-    modules: Iterable[str] | None = None,
-    base: Mapping[str, str] | None = None,
-) -> dict:
-    """What loading ``modules`` from scratch on another node gives: the environment a repaired
-    job should end up with. It IS ``login_environment`` with the other node's ``node_vars``;
-    the name says what a test compares against."""
-    return login_environment(lmod, prefix, node_vars, modules, base)
+# What loading modules from scratch on another node gives, the environment a repaired job
+# should end up with, IS a login on that node: the name says what a test compares against.
+fresh_load = login_environment
 
 
 def job_shell(

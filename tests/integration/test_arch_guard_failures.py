@@ -130,9 +130,11 @@ def test_lmod_cmd_that_is_not_executable_is_lmod_unavailable(guard_site, tmp_pat
 
 def test_helper_killed_by_a_signal_is_restore_failed(guard_site, tmp_path):
     lmod = executable(tmp_path / "lmod", "#!/bin/sh\nkill -KILL $PPID\n")
-    job = guard_site.job_env(HASWELL, ZEN3, LMOD_CMD=str(lmod))
+    (tmp_path / "tmp").mkdir()
+    job = guard_site.job_env(HASWELL, ZEN3, LMOD_CMD=str(lmod), TMPDIR=str(tmp_path / "tmp"))
 
     assert_failure_keeps_the_environment(guard_site, job, "x86_64/intel/haswell->restore-failed")
+    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 def test_lmod_that_reloads_nothing_is_restore_failed(guard_site, tmp_path):
@@ -171,9 +173,14 @@ def test_gpu_module_on_a_node_without_gpu_fails_with_both_accelerator_labels(gua
 
 def test_deadline_that_passes_is_timeout(guard_site, tmp_path):
     lmod = executable(tmp_path / "lmod", "#!/bin/sh\nexec sleep 300\n")
-    job = guard_site.job_env(HASWELL, ZEN3, LMOD_CMD=str(lmod), EESSI_ARCH_GUARD_TIMEOUT="2")
+    (tmp_path / "tmp").mkdir()
+    job = guard_site.job_env(
+        HASWELL, ZEN3, LMOD_CMD=str(lmod), EESSI_ARCH_GUARD_TIMEOUT="2", TMPDIR=str(tmp_path / "tmp")
+    )
 
     assert_failure_keeps_the_environment(guard_site, job, "x86_64/intel/haswell->timeout")
+    # The helper's work directory goes even when the deadline kills the helper.
+    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 def module_with(guard_site, name: str, lua_on_zen3: str) -> tuple:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 
@@ -24,24 +23,7 @@ def installed_guard(tmp_path_factory):
     """``eessi-arch-guard`` from ``pip install --target`` of a copy of this checkout."""
     root = tmp_path_factory.mktemp("installed")
     target = root / "site"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(target),
-            str(checkout.copy_to(root / "src")),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = checkout.pip_install(target, root)
     assert done.returncode == 0, done.stderr
     command = target / "bin" / "eessi-arch-guard"
     assert os.access(command, os.X_OK)

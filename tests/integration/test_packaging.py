@@ -12,27 +12,9 @@ import checkout
 
 
 def test_pip_install_provides_the_core_as_hpcstack_ops(tmp_path):
-    source = checkout.copy_to(tmp_path / "src")
     target = tmp_path / "site"
 
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(target),
-            str(source),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = checkout.pip_install(target, tmp_path)
     assert done.returncode == 0, done.stderr
 
     imported = subprocess.run(

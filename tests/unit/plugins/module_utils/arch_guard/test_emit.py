@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import subprocess
 
 import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard import decision, emit
+from tests.guard_reference import bash_env_after_eval
 from tests.slurm_taskprolog import parse
 
 LIMIT = 4094
@@ -21,19 +21,6 @@ def _value_for_line(name: str, length: int, fill: str = "v") -> str:
 
 def _reload(changes, message="eessi-arch-guard: reloaded"):
     return decision.Decision(decision.RELOAD, "reloaded", changes, message)
-
-
-def _bash_env_after(code: bytes, env: dict) -> dict:
-    """The environment a real bash has after ``eval "$(cat code)"``, as bytes."""
-    result = subprocess.run(
-        ["/bin/bash", "--noprofile", "--norc", "-c", 'eval "$(</dev/stdin)" && exec /usr/bin/env -0'],
-        input=code,
-        env=env,
-        capture_output=True,
-        check=True,
-    )
-    assert result.stderr == b""
-    return dict(record.split(b"=", 1) for record in result.stdout.split(b"\0")[:-1])
 
 
 @pytest.mark.parametrize("name", ["A", "_", "_x9", "PATH", "lower_case", "A1_B2", "Z" * 5000])
@@ -230,7 +217,7 @@ def test_shell_output_evaluated_by_bash_carries_newlines_quotes_and_bytes():
     }
     changes = [*values.items(), ("GONE", None)]
     stdout, _message = emit.shell_output(_reload(changes))
-    env = _bash_env_after(stdout, {b"GONE": b"x", b"KEEP": b"k"})
+    env = bash_env_after_eval(stdout, {b"GONE": b"x", b"KEEP": b"k"})
     for name, value in values.items():
         assert env[name.encode()] == os.fsencode(value)
     assert b"GONE" not in env

@@ -7,41 +7,9 @@ import os
 import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard import envdelta
+from tests.guard_reference import OMITTED_NAMES
 
-# The reference's list, copied here so a change to the module's list cannot go unnoticed.
-REFERENCE_OMITTED = [
-    "_",
-    "SHLVL",
-    "PWD",
-    "OLDPWD",
-    "TMPDIR",
-    "BASH_ENV",
-    "ENV",
-    "SHELLOPTS",
-    "BASHOPTS",
-    "BASH_XTRACEFD",
-    "PS4",
-    "BASH_ARGC",
-    "BASH_ARGV",
-    "BASH_LINENO",
-    "BASH_SOURCE",
-    "BASH_VERSINFO",
-    "BASH_VERSION",
-    "DIRSTACK",
-    "EPOCHREALTIME",
-    "EPOCHSECONDS",
-    "FUNCNAME",
-    "GROUPS",
-    "HOSTNAME",
-    "HOSTTYPE",
-    "IFS",
-    "MACHTYPE",
-    "OPTERR",
-    "OPTIND",
-    "OSTYPE",
-    "PIPESTATUS",
-    "PPID",
-]
+REFERENCE_OMITTED = sorted(OMITTED_NAMES)
 PREFIXED = ("BASH_FUNC_module%%", "BASH_FUNC_", "SLURM_", "SLURM_JOB_ID", "SLURM_LOCALID")
 
 

@@ -16,13 +16,13 @@ import json
 import os
 import re
 import shlex
-import subprocess
 
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard import cli, decide, emit, restore
 from tests import slurm_taskprolog
+from tests.guard_reference import OMITTED_NAMES, OMITTED_PREFIXES, PROMPTS, bash_env_after_eval
 
 LINE_MAX = 4094
 FAILED = "EESSI_ARCH_GUARD_FAILED"
@@ -30,44 +30,6 @@ RELOADED = "EESSI_ARCH_GUARD_RELOADED"
 SUBDIR = "EESSI_SOFTWARE_SUBDIR"
 ACCEL = "EESSI_ACCEL_SUBDIR"
 
-# The reference's lists.
-OMITTED_NAMES = frozenset(
-    [
-        "_",
-        "SHLVL",
-        "PWD",
-        "OLDPWD",
-        "TMPDIR",
-        "BASH_ENV",
-        "ENV",
-        "SHELLOPTS",
-        "BASHOPTS",
-        "BASH_XTRACEFD",
-        "PS4",
-        "BASH_ARGC",
-        "BASH_ARGV",
-        "BASH_LINENO",
-        "BASH_SOURCE",
-        "BASH_VERSINFO",
-        "BASH_VERSION",
-        "DIRSTACK",
-        "EPOCHREALTIME",
-        "EPOCHSECONDS",
-        "FUNCNAME",
-        "GROUPS",
-        "HOSTNAME",
-        "HOSTTYPE",
-        "IFS",
-        "MACHTYPE",
-        "OPTERR",
-        "OPTIND",
-        "OSTYPE",
-        "PIPESTATUS",
-        "PPID",
-    ]
-)
-OMITTED_PREFIXES = ("BASH_FUNC_", "SLURM_")
-PROMPTS = frozenset(("PS1", "PS2", "PS3", "PROMPT_COMMAND"))
 VALID_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z", re.ASCII)
 # A non-interactive bash drops these from its environment at start-up (not the guard's doing).
 BASH_DROPS = frozenset(("PS1", "PS2"))
@@ -335,20 +297,6 @@ def test_every_prolog_line_fits_an_old_slurmd_read(scenario, local_id):
     assert [len(line) for line in lines if not fits(line)] == []
 
 
-def _bash_env(code: bytes, env: dict) -> dict:
-    """The environment after ``eval "$(...)"`` of ``code`` in a real bash started with ``env``."""
-    result = subprocess.run(
-        ["/bin/bash", "--noprofile", "--norc", "-c", 'eval "$(</dev/stdin)" && exec /usr/bin/env -0'],
-        input=code,
-        env=env,
-        capture_output=True,
-        check=False,
-        timeout=60,
-    )
-    assert (result.returncode, result.stderr) == (0, b"")
-    return dict(record.split(b"=", 1) for record in result.stdout.split(b"\0")[:-1])
-
-
 @BASH_PROPERTY
 @given(scenarios(nul=False))
 @example(AWKWARD_VALUES)
@@ -358,7 +306,7 @@ def test_bash_evaluating_the_shell_form_reproduces_the_environment(scenario):
     # Omitted names include what bash itself reads at start-up (BASH_ENV, SHELLOPTS, ...):
     # the guard never emits them, so they stay out of the shell and out of the comparison.
     start = {name: value for name, value in task.items() if not omitted(name)}
-    result = _bash_env(stdout, as_bytes(start))
+    result = bash_env_after_eval(stdout, as_bytes(start))
 
     expected, _restored = expected_env((start, before, after, was, now), emit.SHELL)
     controlled = {name for name in {*task, *before, *after, FAILED, RELOADED} if not omitted(name)}
