@@ -15,6 +15,7 @@ import re
 import shutil
 
 from ..common import proc
+from ..common.deadline import Deadline
 from . import envdelta
 
 SCRIPT_NAME = "eessi_archdetect.sh"
@@ -67,7 +68,7 @@ def bash_path(env) -> str:
     return found
 
 
-def detect(env, deadline: proc.Deadline) -> Detection:
+def detect(env, deadline: Deadline) -> Detection:
     """Run ``-a cpupath`` and ``accelpath``; raise ArchdetectFailed with the reason."""
     script = find_script(env)
     argv = [bash_path(env), script]

@@ -18,8 +18,18 @@ class _UsageProblem(Exception):
     """Bad arguments: reported as a skip, since a usage error must not kill the task."""
 
 
+class Options:
+    """What the command line asks for."""
+
+    __slots__ = ("json", "shell_code")
+
+    def __init__(self, shell_code: bool = False, json: bool = False) -> None:
+        self.shell_code = shell_code
+        self.json = json
+
+
 def build_parser():
-    import argparse  # noqa: PLC0415 (the cached-decision path of a later version must stay lean)
+    import argparse  # noqa: PLC0415 (slow to import; the common command lines do without it)
 
     class Parser(argparse.ArgumentParser):
         def error(self, message):
@@ -38,6 +48,16 @@ def build_parser():
     return parser
 
 
+def parse_args(args) -> Options:
+    """The options; Slurm's and a job script's command lines are read without argparse."""
+    if not args:
+        return Options()
+    if args == ["--shell"]:
+        return Options(shell_code=True)
+    parsed = build_parser().parse_args(args)
+    return Options(shell_code=parsed.shell, json=parsed.json)
+
+
 def main(argv=None, environ=None, stdout=None, stderr=None) -> int:
     """Run the guard; always 0. ``environ``/``stdout``/``stderr`` default to the process's own."""
     args = sys.argv[1:] if argv is None else list(argv)
@@ -48,12 +68,11 @@ def main(argv=None, environ=None, stdout=None, stderr=None) -> int:
     out = stdout if stdout is not None else getattr(sys.stdout, "buffer", None)
     err = stderr if stderr is not None else getattr(sys.stderr, "buffer", None)
     try:
-        parser = build_parser()
         if "-h" in args or "--help" in args:
             # argparse would print to sys.stdout itself, which eval runs in shell mode.
-            _write(err if shell_mode else out, parser.format_help().encode())
+            _write(err if shell_mode else out, build_parser().format_help().encode())
             return 0
-        _run(parser.parse_args(args), env, out, err)
+        _run(parse_args(args), env, out, err)
     except Exception as problem:  # the guard must not fail the task, whatever broke
         if shell_mode:
             _write(err, _skip_line(problem) + b"\n")
@@ -70,20 +89,31 @@ def _is_first_task(env) -> bool:
         return True
 
 
-def _run(options, env, out, err) -> None:
+def _run(options: Options, env, out, err) -> None:
     # Imported here, not at the top: a failure to import becomes a skip line, not a traceback.
-    from ..common import proc  # noqa: PLC0415
-    from . import decide, emit  # noqa: PLC0415
+    from ..common.deadline import SigtermScope  # noqa: PLC0415
 
-    mode = emit.SHELL if options.shell else emit.PROLOG
-    decision = decide.decide(env, mode, proc.Deadline(decide.timeout_seconds(env)))
+    with SigtermScope():
+        _decide_and_write(options, env, out, err)
+
+
+def _decide_and_write(options: Options, env, out, err) -> None:
+    from . import emit, settings  # noqa: PLC0415
+
+    mode = emit.SHELL if options.shell_code else emit.PROLOG
+    decision = settings.early_skip(env)
+    if decision is None:
+        from . import step  # noqa: PLC0415
+
+        decision = step.decision_for(env, mode)
     if env.get("EESSI_ARCH_GUARD_VERBOSE") == "1":
-        _write(err, os.fsencode(f"{PROG}: {decide.printable(decision.detail)}\n"))
+        detail = decision.detail.replace("\r", " ").replace("\n", " ")
+        _write(err, os.fsencode(f"{PROG}: {detail}\n"))
     if options.json:
         import json  # noqa: PLC0415 (only --json needs it)
 
         _write(out, json.dumps(dict(decision.as_dict(), mode=mode), indent=2).encode() + b"\n")
-    elif options.shell:
+    elif options.shell_code:
         code, message = emit.shell_output(decision)
         _write(out, code)
         _write(err, message)

@@ -12,15 +12,9 @@ from __future__ import annotations
 
 import re
 
-from ..common import proc
-from . import archdetect, emit, envdelta, restore
-from .decision import FAIL, FAILED_MARKER, RELOAD, RELOADED_MARKER, Decision, skip
-
-DEFAULT_TIMEOUT_SECONDS = 60.0
-# A TaskProlog that runs for a day is a hung node, and larger values overflow the kernel's
-# timeouts: they mean the default.
-MAX_TIMEOUT_SECONDS = 86400.0
-DISABLING_VALUES = frozenset(("0", "off", "no", "false"))
+from ..common.deadline import Deadline, DeadlineExceeded, Terminated
+from . import archdetect, emit, envdelta, restore, settings
+from .decision import FAIL, FAILED_MARKER, RELOAD, RELOADED_MARKER, TERMINATED, TIMEOUT, Decision, skip
 
 # Names the helper passes to Lmod: a module path of plain components, nothing a shell or
 # Lmod could read as an option or a pattern.
@@ -60,34 +54,24 @@ def printable(text: str) -> str:
     return text if len(text) <= LABEL_MAX else text[: LABEL_MAX - 3] + "..."
 
 
-def timeout_seconds(env) -> float:
-    try:
-        seconds = float(env.get("EESSI_ARCH_GUARD_TIMEOUT", ""))
-    except ValueError:
-        return DEFAULT_TIMEOUT_SECONDS
-    return seconds if 0 < seconds <= MAX_TIMEOUT_SECONDS else DEFAULT_TIMEOUT_SECONDS
-
-
-def disabled_by(env):
-    """The value of EESSI_ARCH_GUARD when it switches the guard off, else None."""
-    value = env.get("EESSI_ARCH_GUARD")
-    if value is not None and value.strip().lower() in DISABLING_VALUES:
-        return value
-    return None
-
-
-def decide(env, mode: str, deadline: proc.Deadline) -> Decision:
+def decide(env, mode: str, deadline: Deadline) -> Decision:
     """The decision for a task whose environment is ``env``, to be emitted in ``mode``."""
-    switch = disabled_by(env)
-    if switch is not None:
-        return skip(f"disabled by EESSI_ARCH_GUARD={switch}")
-    if not env.get("EESSI_SOFTWARE_SUBDIR"):
-        return skip("EESSI is not loaded (EESSI_SOFTWARE_SUBDIR is unset or empty)")
+    early = settings.early_skip(env)
+    if early is not None:
+        return early
     was = Node(env["EESSI_SOFTWARE_SUBDIR"], env.get("EESSI_ACCEL_SUBDIR"))
     try:
         return _decide_loaded(env, mode, was, deadline)
-    except proc.DeadlineExceeded as err:
-        return _failed(was, "timeout", str(err), f"gave up after {deadline.seconds:g} s")
+    except DeadlineExceeded as err:
+        return interrupted(env, TIMEOUT, f"{err}", f"gave up after {deadline.seconds:g} s")
+    except Terminated as err:
+        return interrupted(env, TERMINATED, f"{err}", "was terminated")
+
+
+def interrupted(env, token: str, detail: str, problem: str) -> Decision:
+    """The failure for a decision cut short (TIMEOUT or TERMINATED): never cached."""
+    was = Node(env.get("EESSI_SOFTWARE_SUBDIR", ""), env.get("EESSI_ACCEL_SUBDIR"))
+    return _failed(was, token, detail, problem)
 
 
 def _decide_loaded(env, mode, was: Node, deadline) -> Decision:

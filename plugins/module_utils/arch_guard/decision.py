@@ -15,6 +15,11 @@ FAIL = "fail"
 RELOADED_MARKER = "EESSI_ARCH_GUARD_RELOADED"
 FAILED_MARKER = "EESSI_ARCH_GUARD_FAILED"
 
+# The tokens of a decision cut short: they say nothing about the step, so they are never
+# cached for the step's other tasks.
+TIMEOUT = "timeout"
+TERMINATED = "terminated"
+
 
 class Decision:
     """``action`` is SKIP, RELOAD or FAIL; ``detail`` is the reason VERBOSE writes.
@@ -51,3 +56,11 @@ class Decision:
 
 def skip(detail: str) -> Decision:
     return Decision(SKIP, detail)
+
+
+def is_interrupted(decision: Decision) -> bool:
+    """A TIMEOUT or TERMINATED failure."""
+    return decision.action == FAIL and any(
+        name == FAILED_MARKER and value is not None and value.endswith((f"->{TIMEOUT}", f"->{TERMINATED}"))
+        for name, value in decision.changes
+    )

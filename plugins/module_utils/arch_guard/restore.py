@@ -18,7 +18,8 @@ import shutil
 import tempfile
 
 from ..common import proc
-from . import archdetect, envdelta
+from ..common.deadline import Deadline, SigtermHeld
+from . import archdetect, envdelta, settings
 
 # $1: the env program, $2...: the modules, in load order. The work directory is the cwd.
 # Lmod ends its output with `false` when a command fails, so eval's status is Lmod's; the
@@ -80,28 +81,21 @@ def lmod_command(env):
     return None
 
 
-def work_root(env) -> str:
-    tmpdir = env.get("TMPDIR", "")
-    return tmpdir if os.path.isabs(tmpdir) and os.path.isdir(tmpdir) else "/tmp"  # noqa: S108 (the reference names /tmp)
-
-
-def reload_modules(env, modules, deadline: proc.Deadline) -> Report:
+def reload_modules(env, modules, deadline: Deadline) -> Report:
     """Run the helper from ``env`` and return its report.
 
-    Raises ModuleLoadFailed, RestoreFailed, or proc.DeadlineExceeded. The work directory is
-    removed whatever happens.
+    Raises ModuleLoadFailed, RestoreFailed, DeadlineExceeded or Terminated. The work
+    directory is removed whatever happens, a SIGTERM held until it is.
     """
     env_tool = shutil.which("env", path=_ENV_TOOL_PATH)
     if env_tool is None:
         raise RestoreFailed(f"no env program in {_ENV_TOOL_PATH}")
     argv = [archdetect.bash_path(env), "--noprofile", "--norc", "-c", HELPER_SCRIPT, "restore", env_tool]
+    work = None
     try:
-        work = tempfile.mkdtemp(prefix=".eessi-arch-guard-restore.", dir=work_root(env))
-    except OSError as err:
-        raise RestoreFailed(
-            f"cannot create the helper's work directory in {work_root(env)}: {err.strerror}"
-        ) from None
-    try:
+        # Held so that a SIGTERM cannot fall between creating the directory and knowing it.
+        with SigtermHeld():
+            work = _make_work_dir(env)
         try:
             result = proc.run_child(
                 argv + list(modules), env=envdelta.child_environment(env), deadline=deadline, cwd=work
@@ -110,7 +104,17 @@ def reload_modules(env, modules, deadline: proc.Deadline) -> Report:
             raise RestoreFailed(f"cannot start the restore helper: {err.strerror}") from None
         return _read_report(work, result)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if work is not None:
+            with SigtermHeld():
+                shutil.rmtree(work, ignore_errors=True)
+
+
+def _make_work_dir(env) -> str:
+    root = settings.scratch_dir(env)
+    try:
+        return tempfile.mkdtemp(prefix=".eessi-arch-guard-restore.", dir=root)
+    except OSError as err:
+        raise RestoreFailed(f"cannot create the helper's work directory in {root}: {err.strerror}") from None
 
 
 def _read_report(work: str, result: proc.ChildResult) -> Report:

@@ -14,29 +14,12 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
 
-# After SIGKILL the group is gone, but a grandchild that left the group can keep the pipes
-# open; each wait after the kill is bounded by this.
+from .deadline import Deadline, DeadlineExceeded, hold_sigterm, release_sigterm, unblock_sigterm
+
+# After SIGKILL the group is gone, but a process that left the group can keep the pipes
+# open: each of the (at most three) waits after the kill is bounded by this.
 POST_KILL_WAIT_SECONDS = 5
-
-
-class DeadlineExceeded(Exception):
-    """The deadline passed while a child was running; its process group was killed."""
-
-
-class Deadline:
-    """One point in time that every step of an operation must finish before."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self._end = time.monotonic() + seconds
-
-    def remaining(self) -> float:
-        return max(0.0, self._end - time.monotonic())
-
-    def expired(self) -> bool:
-        return self.remaining() <= 0.0
 
 
 class ChildResult:
@@ -59,18 +42,28 @@ def summary(output: bytes, limit: int = 300) -> str:
 def run_child(argv, *, env, deadline: Deadline, cwd=None) -> ChildResult:
     """Run ``argv`` to completion or until ``deadline``; raise DeadlineExceeded on the latter.
 
-    ``OSError`` from starting the program (not found, not executable) reaches the caller.
+    A SIGTERM that arrives while the child is being started is held until its process
+    group is known, so that the exception it raises (deadline.Terminated) finds a group to
+    kill. ``OSError`` from starting the program (not found, not executable) reaches the
+    caller.
     """
-    child = subprocess.Popen(
-        argv,
-        env=env,
-        cwd=cwd,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    mask = hold_sigterm()
     try:
+        child = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=unblock_sigterm,  # noqa: PLW1509 (the blocked mask would survive exec)
+        )
+    except BaseException:
+        release_sigterm(mask)
+        raise
+    try:
+        release_sigterm(mask)
         stdout, stderr = child.communicate(timeout=deadline.remaining())
     except subprocess.TimeoutExpired:
         _kill_group(child)
@@ -95,3 +88,6 @@ def _kill_group(child: subprocess.Popen) -> None:
                 stream.close()
     with contextlib.suppress(subprocess.TimeoutExpired):
         child.wait(timeout=POST_KILL_WAIT_SECONDS)
+    if child.returncode is None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=POST_KILL_WAIT_SECONDS)

@@ -12,6 +12,7 @@ from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard import (
     emit,
     envdelta,
     restore,
+    settings,
 )
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import proc
 from tests.slurm_taskprolog import parse
@@ -278,38 +279,38 @@ def test_printable_shortens_long_text():
 
 @pytest.mark.parametrize("value", ["0", "off", "no", "false", "OFF", "False", " no ", "NO\n"])
 def test_values_that_disable_the_guard(value):
-    assert decide.disabled_by({"EESSI_ARCH_GUARD": value}) == value
+    assert settings.disabled_by({"EESSI_ARCH_GUARD": value}) == value
 
 
 @pytest.mark.parametrize("value", ["1", "", "on", "yes", "true", "disabled", "0 0", "nope"])
 def test_values_that_leave_the_guard_on(value):
-    assert decide.disabled_by({"EESSI_ARCH_GUARD": value}) is None
+    assert settings.disabled_by({"EESSI_ARCH_GUARD": value}) is None
 
 
 def test_an_unset_switch_leaves_the_guard_on():
-    assert decide.disabled_by({}) is None
+    assert settings.disabled_by({}) is None
 
 
 @pytest.mark.parametrize(
     ("value", "seconds"), [("5", 5.0), ("0.5", 0.5), (" 7 ", 7.0), ("1e3", 1000.0), ("86400", 86400.0)]
 )
 def test_the_timeout_variable_sets_the_deadline(value, seconds):
-    assert decide.timeout_seconds({"EESSI_ARCH_GUARD_TIMEOUT": value}) == seconds
+    assert settings.timeout_seconds({"EESSI_ARCH_GUARD_TIMEOUT": value}) == seconds
 
 
 @pytest.mark.parametrize("value", ["", "abc", "0", "-1", "inf", "nan", "-inf", "1e400", "5s"])
 def test_an_unusable_timeout_falls_back_to_60_seconds(value):
-    assert decide.timeout_seconds({"EESSI_ARCH_GUARD_TIMEOUT": value}) == 60.0
+    assert settings.timeout_seconds({"EESSI_ARCH_GUARD_TIMEOUT": value}) == 60.0
 
 
 @pytest.mark.parametrize("value", ["86400", "2147483", "3000000", "1e7", "1e10", "1e300"])
 def test_every_accepted_timeout_can_bound_a_real_child(value):
     # A site that sets a huge timeout to mean "no deadline" must still get a working guard:
     # the deadline is handed to poll(), whose millisecond timeout is a C int (~24.8 days).
-    seconds = decide.timeout_seconds({"EESSI_ARCH_GUARD_TIMEOUT": value})
+    seconds = settings.timeout_seconds({"EESSI_ARCH_GUARD_TIMEOUT": value})
     result = proc.run_child(["/bin/true"], env={}, deadline=proc.Deadline(seconds))
     assert result.returncode == 0
 
 
 def test_without_the_timeout_variable_the_deadline_is_60_seconds():
-    assert decide.timeout_seconds({}) == decide.DEFAULT_TIMEOUT_SECONDS == 60.0
+    assert settings.timeout_seconds({}) == settings.DEFAULT_TIMEOUT_SECONDS == 60.0

@@ -1,0 +1,212 @@
+# Copyright: hpcstack.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""One decision per job step and node: the first task computes it, the others read it.
+
+The cache lives in a directory other users can write to (``/tmp``), so nothing found
+there is believed unless it is a regular file of the running uid, mode 0600, with one
+link, opened without following a symlink. Anything else means: compute without the cache
+and write nothing there. A result is written to a new file (``O_EXCL``) and renamed into
+place, so a reader sees a whole file or none. A flock on a lock file beside it makes the
+step's other tasks wait for the first one's result instead of computing their own.
+
+This module is on the path every task of a step takes; it imports only what that path needs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+import time
+
+from .decision import Decision
+from .settings import scratch_dir
+
+PREFIX = ".eessi-arch-guard"
+# What the decision depends on, besides the node, the step and the output mode.
+DIGEST_NAMES = (
+    "EESSI_SOFTWARE_SUBDIR",
+    "EESSI_ACCEL_SUBDIR",
+    "LOADEDMODULES",
+    "MODULEPATH",
+    "EESSI_INIT_PREFIX",
+    "EESSI_PROC_CPUINFO",
+    "PATH",
+)
+FORMAT = b"eessi-arch-guard decision 1"
+_COMPONENT_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+_OPEN_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC
+# The lock wait polls: 64 tasks of a step wait together for one decision of ~0.5 s.
+_POLL_SECONDS = (0.001, 0.002, 0.005, 0.01, 0.02)
+
+
+class Untrusted(Exception):
+    """Something at the cache's path is not ours to believe; the reason says what."""
+
+
+class LockTimeout(Exception):
+    """The deadline passed while another task held the step's lock."""
+
+
+def sha256_hex(data: bytes) -> str:
+    # hashlib costs milliseconds to import (OpenSSL); the built-in module is what it wraps.
+    try:
+        from _sha256 import sha256  # noqa: PLC0415 (Python 3.8 to 3.11)
+    except ImportError:
+        try:
+            from _sha2 import sha256  # noqa: PLC0415 (Python 3.12 and later)
+        except ImportError:
+            from hashlib import sha256  # noqa: PLC0415
+    return sha256(data).hexdigest()
+
+
+def component(value: str) -> str:
+    """``value`` as a file-name part: as it is when short and plain, else a hash prefix."""
+    if 1 <= len(value) <= 64 and all(char in _COMPONENT_CHARS for char in value):
+        return value
+    return sha256_hex(os.fsencode(value))[:16]
+
+
+def digest(env) -> str:
+    joined = b"\0".join(os.fsencode(env.get(name, "")) for name in DIGEST_NAMES)
+    return sha256_hex(joined)[:16]
+
+
+def path_for(env, mode: str):
+    """The cache file of this task's step, node and mode, or None outside a Slurm job."""
+    job = env.get("SLURM_JOB_ID")
+    if not job:
+        return None
+    node = env.get("SLURMD_NODENAME") or os.uname().nodename
+    step = env.get("SLURM_STEP_ID") or "batch"
+    name = ".".join(
+        (PREFIX, str(os.getuid()), component(node), component(job), component(step), mode, digest(env))
+    )
+    return os.path.join(scratch_dir(env), name)
+
+
+def _check_ours(fd: int, what: str) -> None:
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise Untrusted(f"{what} is not a regular file")
+    if info.st_uid != os.getuid():
+        raise Untrusted(f"{what} belongs to uid {info.st_uid}")
+    if stat.S_IMODE(info.st_mode) != 0o600:
+        raise Untrusted(f"{what} has mode {stat.S_IMODE(info.st_mode):04o}, not 0600")
+    if info.st_nlink != 1:
+        raise Untrusted(f"{what} has {info.st_nlink} links")
+
+
+def _open(path: str, flags: int, what: str) -> int:
+    try:
+        return os.open(path, flags | _OPEN_FLAGS, 0o600)
+    except OSError as err:
+        # ELOOP: a symlink stands there, and O_NOFOLLOW refused it.
+        raise Untrusted(f"{what} {path} cannot be opened: {err.strerror}") from None
+
+
+class StepCache:
+    """The cache file at ``path`` and its lock, ``path + ".lock"``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.lock_path = path + ".lock"
+        self._lock_fd = None
+
+    def lock(self, deadline) -> None:
+        """Take the step's lock, waiting at most until ``deadline``.
+
+        Raises Untrusted (no cache for this task) or LockTimeout.
+        """
+        fd = _open(self.lock_path, os.O_RDWR | os.O_CREAT, "the lock")
+        try:
+            _check_ours(fd, f"the lock {self.lock_path}")
+            if not _flock_until(fd, deadline):
+                raise LockTimeout(f"{self.lock_path} still held after {deadline.seconds:g} s")
+        except BaseException:
+            os.close(fd)
+            raise
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def read(self):
+        """The stored decision, or None when there is none yet; Untrusted otherwise."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | _OPEN_FLAGS)
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            raise Untrusted(f"the cache file {self.path} cannot be opened: {err.strerror}") from None
+        try:
+            _check_ours(fd, f"the cache file {self.path}")
+            data = b""
+            while True:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                data += chunk
+        finally:
+            os.close(fd)
+        return decode(data, self.path)
+
+    def publish(self, decision: Decision) -> None:
+        """Write ``decision`` beside the cache file and rename it into place."""
+        temporary = f"{self.path}.{os.getpid()}.new"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN_FLAGS, 0o600)
+        try:
+            # The umask may have taken bits away; readers insist on exactly 0600.
+            os.fchmod(fd, 0o600)
+            data = encode(decision)
+            while data:
+                data = data[os.write(fd, data) :]
+        finally:
+            os.close(fd)
+        try:
+            os.rename(temporary, self.path)
+        except OSError:
+            os.unlink(temporary)
+            raise
+
+
+def _flock_until(fd: int, deadline) -> bool:
+    """Take an exclusive flock on ``fd``; False when the deadline passes first."""
+    polls = iter(_POLL_SECONDS)
+    pause = 0.0
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if deadline.remaining() <= 0:
+                return False
+            pause = next(polls, pause)
+            time.sleep(min(pause, deadline.remaining()))
+
+
+def _field(text: str) -> bytes:
+    return os.fsencode(text.replace("\0", "?"))
+
+
+def encode(decision: Decision) -> bytes:
+    """NUL-separated: values from an environment cannot hold NUL, and no parser is needed."""
+    fields = [FORMAT, _field(decision.action), _field(decision.detail), _field(decision.message)]
+    for name, value in decision.changes:
+        fields.append(os.fsencode(name))
+        fields.append(b"-" if value is None else b"=" + os.fsencode(value))
+    return b"\0".join(fields) + b"\0"
+
+
+def decode(data: bytes, path: str) -> Decision:
+    fields = data.split(b"\0")
+    if len(fields) < 5 or fields[0] != FORMAT or fields.pop() != b"" or (len(fields) - 4) % 2:
+        raise Untrusted(f"the cache file {path} is not a decision of this version")
+    action, detail, message = (os.fsdecode(field) for field in fields[1:4])
+    changes = []
+    for index in range(4, len(fields), 2):
+        name, value = os.fsdecode(fields[index]), fields[index + 1]
+        changes.append((name, None if value == b"-" else os.fsdecode(value[1:])))
+    return Decision(action, detail, changes, message)
