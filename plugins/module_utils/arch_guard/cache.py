@@ -35,7 +35,8 @@ DIGEST_NAMES = (
 )
 FORMAT = b"eessi-arch-guard decision 1"
 _COMPONENT_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
-_OPEN_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: a FIFO planted at the path must not hold the task until a writer comes.
+_OPEN_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 # The lock wait polls: 64 tasks of a step wait together for one decision of ~0.5 s.
 _POLL_SECONDS = (0.001, 0.002, 0.005, 0.01, 0.02)
 
@@ -207,6 +208,8 @@ def decode(data: bytes, path: str) -> Decision:
     action, detail, message = (os.fsdecode(field) for field in fields[1:4])
     changes = []
     for index in range(4, len(fields), 2):
-        name, value = os.fsdecode(fields[index]), fields[index + 1]
-        changes.append((name, None if value == b"-" else os.fsdecode(value[1:])))
+        name, value = fields[index], fields[index + 1]
+        if not name or not (value == b"-" or value.startswith(b"=")):
+            raise Untrusted(f"the cache file {path} has a malformed change")
+        changes.append((os.fsdecode(name), None if value == b"-" else os.fsdecode(value[1:])))
     return Decision(action, detail, changes, message)

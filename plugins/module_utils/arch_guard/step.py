@@ -43,6 +43,8 @@ def _through_cache(step: cache.StepCache, env, mode: str, deadline: Deadline):
         try:
             stored = step.read()
         except cache.Untrusted:
+            # Nothing will be published: holding the lock would only queue the step's tasks.
+            step.unlock()
             return _finished(_compute(env, mode, deadline))
         if stored is not None:
             return _finished(stored)

@@ -83,10 +83,13 @@ class SigtermScope:
     def __enter__(self) -> SigtermScope:
         self._handler = _signal.getsignal(SIGTERM)
         self._mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, ())
+        # A SIGTERM already pending (the caller had it blocked) is the caller's, not ours.
+        self._was_pending = SIGTERM in _signal.sigpending()
         return self
 
     def __exit__(self, *exc_info) -> None:
-        # Ignoring a signal discards it if pending; then the old mask and handler return.
-        _signal.signal(SIGTERM, _signal.SIG_IGN)
+        if not self._was_pending:
+            # Ignoring a signal discards it if pending; then the old mask and handler return.
+            _signal.signal(SIGTERM, _signal.SIG_IGN)
         _signal.pthread_sigmask(_signal.SIG_SETMASK, self._mask)
         _signal.signal(SIGTERM, self._handler)
