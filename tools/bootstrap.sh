@@ -19,9 +19,9 @@ die() { printf 'bootstrap: %s\n' "$*" >&2; exit 1; }
 declare -A why=(
   [lmod]="Lmod loads the module files EasyBuild writes"
   [bubblewrap]="bubblewrap isolates staged builds"
-  [munge]="munge authenticates the test Slurm cluster"
+  [munge]="munge authenticates the test Slurm cluster, which the demo starts too"
   [slurmctld]="slurmctld is the test cluster's controller"
-  [slurmd]="slurmd runs the test cluster's jobs and TaskProlog"
+  [slurmd]="slurmd runs the test cluster's jobs and TaskProlog, eessi-arch-guard's in the demo"
   [slurm-client]="srun/sbatch/sinfo drive the test cluster"
   [acl]="setfacl/getfacl check that module files keep their ACLs"
   [bindfs]="bindfs gives a real FUSE mount for the rename fallback"
@@ -29,7 +29,7 @@ declare -A why=(
   [python3-venv]="python3-venv creates .venv"
 )
 case $profile in
-  demo) wanted=(lmod bubblewrap) ;;
+  demo) wanted=(lmod bubblewrap munge slurmctld slurmd slurm-client) ;;
   test) wanted=(lmod bubblewrap munge slurmctld slurmd slurm-client acl bindfs shellcheck) ;;
   *) die "unknown profile '$profile' (expected demo or test)" ;;
 esac

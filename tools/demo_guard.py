@@ -1,11 +1,17 @@
 """The guard's part of `make demo`: a job that inherited EESSI for the wrong CPU, repaired.
 
-An EESSI-like prefix (tools/eessilike.py) is built under <demo>/eessi. A user logs in on a
-zen3 node and loads EESSI with two modules; the job lands on an icelake node with a GPU.
-Without the guard its programs are the zen3 builds. The job script then runs
-`eval "$(eessi-arch-guard --shell)"`, and the same commands are the icelake builds; as the
-TaskProlog, the guard's directives are shown too. Nodes are simulated by the variables
-EESSI's archdetect reads, so one machine plays both.
+An EESSI-like prefix (tools/eessilike.py) is built under <demo>/eessi, with a build for the
+CPU of this machine among its targets. First a real job: a single-node Slurm cluster starts
+on this machine (tools/slurm-local.sh, as the tests start it; stopped again at the end), and
+a user who loaded EESSI on a login node of another CPU submits a job to it, once with a
+TaskProlog that does nothing and once with the guard as TaskProlog. Without root or the
+Slurm packages the demo says so in one line and goes on.
+
+Then other nodes, simulated by the variables EESSI's archdetect reads, so one machine plays
+both: a user logs in on a zen3 node and loads EESSI with two modules; the job lands on an
+icelake node with a GPU. Without the guard its programs are the zen3 builds. The guard's
+TaskProlog directives are shown, and a job script that runs
+`eval "$(eessi-arch-guard --shell)"` gets the icelake builds.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import checkout
@@ -27,6 +34,29 @@ COMPUTE = ("x86_64/intel/icelake", "accel/nvidia/cc80")
 # The user modules' commands print the CPU target they were built for.
 SHOW = 'echo "EESSI_SOFTWARE_SUBDIR=$EESSI_SOFTWARE_SUBDIR"; echo "usera runs the build for $(usera)"'
 
+SLURM_LOCAL = checkout.REPO / "tools" / "slurm-local.sh"
+SLURM_COMMANDS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol")
+SLURM_PACKAGES = "munge slurmctld slurmd slurm-client"
+SLURM_START_TIMEOUT = 240  # the script waits up to 180 s for its port lock, then 60 s for idle
+SLURM_STOP_TIMEOUT = 90
+JOB_TIMEOUT = 120
+# The variables that simulate a node; a real job on this machine must not carry them.
+NODE_VARIABLES = ("EESSI_PROC_CPUINFO", "EESSI_MACHINE_TYPE", eessilike.GPU_VARIABLE)
+JOB_SCRIPT = f"""#!/bin/bash
+{SHOW}
+echo "EESSI_ARCH_GUARD_RELOADED=${{EESSI_ARCH_GUARD_RELOADED:-(not set)}}"
+"""
+_FINISHED = {
+    "BOOT_FAIL",
+    "CANCELLED",
+    "COMPLETED",
+    "DEADLINE",
+    "FAILED",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "TIMEOUT",
+}
+
 
 def say(text: str) -> None:
     print(f"demo: {text}", flush=True)
@@ -37,13 +67,30 @@ def show(ran: eessilike.ShellRun) -> None:
         print("   " + line, flush=True)
 
 
+def show_lines(text: str) -> None:
+    for line in text.splitlines():
+        print("   " + line, flush=True)
+
+
 def run(lmod: stackenv.Lmod, demo: Path) -> int:
     root = demo / "eessi"
     shutil.rmtree(root, ignore_errors=True)
-    prefix = eessilike.build_prefix(root)
+    here = this_cpu()
+    targets = eessilike.DEFAULT_TARGETS
+    if here is not None and here not in targets:
+        targets = (*targets, here)
+    prefix = eessilike.build_prefix(root, targets=targets)
     say(f"an EESSI-like stack with {len(prefix.targets)} CPU targets: {prefix.prefix}")
+    slurm_ok = real_slurm_job(lmod, prefix, here)
+    return simulated_nodes(lmod, prefix) or (0 if slurm_ok else 1)
+
+
+def simulated_nodes(lmod: stackenv.Lmod, prefix: eessilike.EessiPrefix) -> int:
     modules = " ".join(eessilike.default_modules(prefix))
-    say(f"a user logs in on a {LOGIN[0]} node and runs: module load {modules}")
+    say(
+        f"nodes simulated by the variables archdetect reads: a user logs in on a {LOGIN[0]} node "
+        f"and runs: module load {modules}"
+    )
     login = eessilike.login_environment(lmod, prefix, prefix.node_env(*LOGIN))
     job = dict(login, **prefix.node_env(*COMPUTE))
     say(f"the job runs on a {COMPUTE[0]} node with a GPU; without the guard it gets:")
@@ -68,6 +115,176 @@ def run(lmod: stackenv.Lmod, demo: Path) -> int:
         )
     show(repaired)
     return 0 if repaired.returncode == 0 and prolog.returncode == 0 else 1
+
+
+def this_cpu() -> str | None:
+    """The CPU target archdetect gives first for this machine's /proc/cpuinfo, or None."""
+    ran = eessilike.run_archdetect(eessilike.archdetect_env({}), "-a", "cpupath")
+    if ran.returncode != 0 or not ran.stdout.strip():
+        return None
+    return ran.stdout.strip().split(":")[0]
+
+
+def why_no_slurm(here: str | None) -> str | None:
+    """Why this machine cannot run the real Slurm job, in a few words; None if it can."""
+    if here is None:
+        return "archdetect does not recognise this machine's CPU"
+    if os.geteuid() != 0:
+        return "starting slurmd needs root (run make demo as root)"
+    missing = [name for name in SLURM_COMMANDS if shutil.which(name, path=_admin_path()) is None]
+    if missing:
+        return f"{', '.join(missing)} not installed (apt-get install {SLURM_PACKAGES})"
+    return None
+
+
+def _admin_path() -> str:
+    return os.pathsep.join([os.environ.get("PATH", os.defpath), "/usr/sbin", "/sbin"])
+
+
+def real_slurm_job(lmod: stackenv.Lmod, prefix: eessilike.EessiPrefix, here: str | None) -> bool:
+    """Start Slurm here, run the mismatched job without and with the guard, stop Slurm.
+
+    False only when a job that ran went wrong; Slurm that cannot start is one line.
+    """
+    reason = why_no_slurm(here)
+    if reason:
+        say(f"no real Slurm job in this demo: {reason}")
+        return True
+    # slurm-local.sh wants every directory above the cluster's searchable by all users and
+    # a short path (Unix sockets), so not <demo>, which may be anywhere.
+    with tempfile.TemporaryDirectory(prefix="hpcstack-demo-slurm-", dir="/tmp") as tmp:
+        work = Path(tmp)
+        work.chmod(0o755)
+        cluster = work / "slurm"
+        env = dict(os.environ, PATH=_admin_path())
+        started = None
+        try:
+            started = _slurm_local("start", cluster, env, SLURM_START_TIMEOUT)
+            if started.returncode != 0:
+                last = (started.stderr.strip().splitlines() or ["no message"])[0]
+                say(f"no real Slurm job in this demo: tools/slurm-local.sh could not start it ({last})")
+                return True
+            return _two_jobs(lmod, prefix, here, work, cluster)
+        finally:
+            # The script stops exactly the daemons it recorded starting, also after a failed start.
+            stopped = _slurm_local("stop", cluster, env, SLURM_STOP_TIMEOUT)
+            if started is not None and started.returncode == 0:
+                say(
+                    "the demo's Slurm daemons are stopped"
+                    if stopped.returncode == 0
+                    else f"tools/slurm-local.sh stop {cluster} failed: {stopped.stderr.strip()}"
+                )
+
+
+def _slurm_local(action: str, cluster: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(
+            ["bash", str(SLURM_LOCAL), action, str(cluster)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess([], 1, "", f"{action} took more than {timeout} s")
+
+
+def _two_jobs(
+    lmod: stackenv.Lmod, prefix: eessilike.EessiPrefix, here: str, work: Path, cluster: Path
+) -> bool:
+    machine = here.split("/", 1)[0]
+    others = [target for target in prefix.targets if target != here]
+    other = next((target for target in others if target.startswith(machine + "/")), others[0])
+    node = subprocess.run(["hostname", "-s"], capture_output=True, text=True, check=False).stdout.strip()
+    say(
+        f"this machine is now a real Slurm node, {node} (munged, slurmctld and slurmd started by "
+        f"tools/slurm-local.sh start {cluster}); archdetect says its CPU is {here}"
+    )
+    modules = " ".join(eessilike.default_modules(prefix))
+    login = eessilike.login_environment(lmod, prefix, prefix.node_env(other))
+    for name in NODE_VARIABLES:
+        login.pop(name, None)
+    (work / "tmp").mkdir()
+    env = dict(login, SLURM_CONF=str(cluster / "slurm.conf"), TMPDIR=str(work / "tmp"))
+    script = work / "job.sh"
+    script.write_text(JOB_SCRIPT)
+    script.chmod(0o755)
+
+    say(
+        f"on a login node whose CPU is {other}, a user runs module load {modules} and submits "
+        "a job with sbatch; the job prints what it sees"
+    )
+    say("without the guard (Slurm's TaskProlog does nothing), the job's output is:")
+    without = _sbatch(work, script, env, "without-guard")
+    show_lines(without[1])
+    package = work / "package"
+    shutil.copytree(
+        checkout.REPO / "plugins" / "module_utils",
+        package / checkout.PACKAGE,
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    _set_task_prolog(cluster, _prolog(package))
+    say("with eessi-arch-guard as Slurm's TaskProlog, the same job's output is:")
+    guarded = _sbatch(work, script, env, "with-guard")
+    show_lines(guarded[1])
+    return without[0] == guarded[0] == "COMPLETED"
+
+
+def _prolog(package: Path) -> str:
+    return (
+        f"#!{sys.executable} -IS\n"
+        f"import sys\nsys.path.insert(0, {os.fspath(package)!r})\n"
+        "from hpcstack_ops.arch_guard.cli import main\nraise SystemExit(main())\n"
+    )
+
+
+def _set_task_prolog(cluster: Path, text: str) -> None:
+    """Replace the cluster's TaskProlog in one rename: Slurm reads it afresh for each task."""
+    new = cluster / ".task_prolog.new"
+    new.write_text(text)
+    new.chmod(0o755)
+    os.replace(new, cluster / "task_prolog")
+
+
+def _sbatch(work: Path, script: Path, env: dict, name: str) -> tuple[str, str]:
+    """Submit ``script`` and wait for its end: (job state, output)."""
+    output = work / f"{name}.out"
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", f"--output={output}", str(script)],
+        env=env,
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=JOB_TIMEOUT,
+        check=False,
+    )
+    if submitted.returncode != 0:
+        return "NOT SUBMITTED", submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    state = _wait(job, env)
+    text = output.read_text(errors="replace") if output.exists() else ""
+    if state != "COMPLETED":
+        text += f"(job {job} ended {state})\n"
+    return state, text
+
+
+def _wait(job: str, env: dict) -> str:
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while time.monotonic() < deadline:
+        shown = subprocess.run(
+            ["scontrol", "show", "job", "--oneliner", job],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        fields = dict(item.split("=", 1) for item in shown.stdout.split() if "=" in item)
+        if fields.get("JobState") in _FINISHED:
+            return fields["JobState"]
+        time.sleep(0.1)
+    subprocess.run(["scancel", job], env=env, capture_output=True, check=False)
+    return "TIMEOUT"
 
 
 def _launcher(package: Path) -> str:

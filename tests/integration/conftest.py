@@ -6,6 +6,7 @@ every integration test.
 
 from tests.integration.harness.ebsite import eb_site_factory
 from tests.integration.harness.guard import eessi_prefix, guard_site
+from tests.integration.harness.guard_slurm import slurm_guard
 from tests.integration.harness.mounts import fuse_dir
 from tests.integration.harness.slurm import slurm_cluster
 from tests.integration.harness.stack import easybuild, lmod, tiny_packages
@@ -21,6 +22,7 @@ __all__ = [
     "lmod",
     "package_root",
     "slurm_cluster",
+    "slurm_guard",
     "staged_site",
     "tiny_packages",
     "unprivileged_user",

@@ -146,10 +146,14 @@ def test_lmod_that_reloads_nothing_is_restore_failed(guard_site, tmp_path):
     assert b"after the reload EESSI_SOFTWARE_SUBDIR is 'x86_64/intel/haswell'" in run.stderr
 
 
-def test_work_directory_that_cannot_be_created_is_restore_failed(guard_site):
-    job = guard_site.job_env(HASWELL, ZEN3, TMPDIR="/proc")
+def test_tmpdir_nobody_can_write_puts_the_helpers_work_directory_in_tmp(guard_site):
+    # As slurmstepd does: a TMPDIR the job cannot write falls back to /tmp.
+    job = guard_site.job_env(HASWELL, ZEN3, TMPDIR="/proc", SLURM_LOCALID="0")
 
-    assert_failure_keeps_the_environment(guard_site, job, "x86_64/intel/haswell->restore-failed")
+    run, task = guard_site.as_prolog(job)
+
+    assert (run.returncode, run.stderr) == (0, b"")
+    assert task["EESSI_SOFTWARE_SUBDIR"] == ZEN3[0]
 
 
 def test_module_missing_on_this_nodes_target_fails_with_both_labels(guard_site):

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 import checkout
+import eessilike
 
 
 def _demo(tree):
@@ -70,18 +75,88 @@ def test_demo_run_twice_leaves_the_installed_tree_alone(tmp_path):
     assert (install / "bin" / "tinyapp").stat().st_mtime_ns == mtime
 
 
-def test_guard_demo_shows_the_wrong_build_then_the_right_one(tmp_path):
-    done = subprocess.run(
-        [sys.executable, str(checkout.REPO / "tools" / "demo_guard.py")],
-        env=dict(os.environ, HPCSTACK_DEMO_DIR=str(tmp_path / "demo")),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+def _sections(stdout: str) -> list[str]:
+    """The demo's output cut before each ``demo: `` line, that prefix removed."""
+    return [part for part in re.split(r"^demo: ", stdout, flags=re.MULTILINE) if part]
+
+
+def _section(stdout: str, start: str) -> str:
+    found = [part for part in _sections(stdout) if part.startswith(start)]
+    assert len(found) == 1, stdout
+    return found[0]
+
+
+def _real_cpu() -> str:
+    ran = eessilike.run_archdetect(eessilike.archdetect_env({}), "-a", "cpupath")
+    assert ran.returncode == 0, ran.stderr
+    return ran.stdout.split(":")[0]
+
+
+def _processes_naming(text: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in argv:
+            found.append(f"{proc.name} {argv}")
+    return found
+
+
+@pytest.mark.parametrize("user", ["root", "unprivileged"])
+def test_guard_demo_shows_the_wrong_build_then_the_right_one(
+    tmp_path, unprivileged_user, user_tmp_path, user
+):
+    """Only tools/demo_guard.py (no EasyBuild): a real Slurm job as root, one line without root."""
+    if user == "root":
+        env = dict(os.environ, HPCSTACK_DEMO_DIR=str(tmp_path / "demo"))
+        done = subprocess.run(
+            [sys.executable, str(checkout.REPO / "tools" / "demo_guard.py")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    else:
+        env = dict(unprivileged_user.env(), HPCSTACK_DEMO_DIR=str(user_tmp_path / "demo"))
+        done = unprivileged_user.run(
+            [sys.executable, str(checkout.REPO / "tools" / "demo_guard.py")], env=env, timeout=300
+        )
 
     assert done.returncode == 0, done.stdout + done.stderr
-    before, prolog, after = done.stdout.split("demo: ")[3:6]
+    out = done.stdout
+    if user == "root":
+        here = _real_cpu()
+        node = _section(out, "this machine is now a real Slurm node")
+        assert node.rstrip().endswith(f"archdetect says its CPU is {here}")
+        other = re.match(r"on a login node whose CPU is (\S+),", _section(out, "on a login node")).group(1)
+        assert other != here
+        without = _section(out, "without the guard (Slurm's TaskProlog does nothing)")
+        assert f"EESSI_SOFTWARE_SUBDIR={other}\n" in without
+        assert f"usera runs the build for {other}\n" in without
+        assert "EESSI_ARCH_GUARD_RELOADED=(not set)" in without
+        assert "eessi-arch-guard" not in without
+        guarded = _section(out, "with eessi-arch-guard as Slurm's TaskProlog")
+        assert f"eessi-arch-guard: reloaded EESSI for {here} (job environment was {other})" in guarded
+        assert f"EESSI_SOFTWARE_SUBDIR={here}\n" in guarded
+        assert f"usera runs the build for {here}\n" in guarded
+        assert f"EESSI_ARCH_GUARD_RELOADED={other}->{here}" in guarded
+        assert "the demo's Slurm daemons are stopped\n" in _sections(out)
+        cluster = node.split("tools/slurm-local.sh start ")[1].split(")")[0]
+        assert _processes_naming(cluster) == []
+        assert not Path(cluster).exists()
+    else:
+        assert (
+            "demo: no real Slurm job in this demo: starting slurmd needs root (run make demo as root)\n"
+            in out
+        )
+        assert "real Slurm node" not in out
+        assert "sbatch" not in out
+    before = _section(out, "the job runs on a x86_64/intel/icelake node with a GPU")
+    prolog = _section(out, "as Slurm's TaskProlog, eessi-arch-guard writes")
+    after = _section(out, 'in a job script, eval "$(eessi-arch-guard --shell)"')
     assert "usera runs the build for x86_64/amd/zen3" in before
     assert "print eessi-arch-guard: reloaded EESSI for x86_64/intel/icelake accel/nvidia/cc80" in prolog
     assert "EESSI_SOFTWARE_SUBDIR=x86_64/intel/icelake" in after

@@ -47,6 +47,8 @@ done
 : > complete
 """
 
+_FALLBACK_ROOT = "/tmp"  # noqa: S108 (where slurmstepd falls back to, too)
+
 # Where the helper's `env` is looked for: the system's, not one a module put on PATH.
 _ENV_TOOL_PATH = "/usr/bin:/bin"
 
@@ -110,11 +112,20 @@ def reload_modules(env, modules, deadline: Deadline) -> Report:
 
 
 def _make_work_dir(env) -> str:
-    root = settings.scratch_dir(env)
-    try:
-        return tempfile.mkdtemp(prefix=".eessi-arch-guard-restore.", dir=root)
-    except OSError as err:
-        raise RestoreFailed(f"cannot create the helper's work directory in {root}: {err.strerror}") from None
+    """A new directory under TMPDIR, or under /tmp when TMPDIR refuses it.
+
+    slurmstepd, too, falls back to /tmp when the job's TMPDIR is not writable; a task
+    should not lose its repair to that.
+    """
+    roots = [settings.scratch_dir(env)]
+    if roots[0] != _FALLBACK_ROOT:
+        roots.append(_FALLBACK_ROOT)
+    for root in roots:
+        try:
+            return tempfile.mkdtemp(prefix=".eessi-arch-guard-restore.", dir=root)
+        except OSError as err:
+            refusal = f"cannot create the helper's work directory in {root}: {err.strerror}"
+    raise RestoreFailed(refusal)
 
 
 def _read_report(work: str, result: proc.ChildResult) -> Report:

@@ -483,7 +483,14 @@ def test_lock_waits_for_the_holder_to_let_go(step_cache):
     releaser.start()
     try:
         step_cache.lock(Deadline(30))
-        step_cache.unlock()
+        # The lock is now this task's: another descriptor cannot take it.
+        probe = os.open(step_cache.lock_path, os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl_flock_nb(probe)
+        finally:
+            os.close(probe)
+            step_cache.unlock()
     finally:
         releaser.join()
 
