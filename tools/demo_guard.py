@@ -27,6 +27,7 @@ from pathlib import Path
 
 import checkout
 import eessilike
+import slurmjobs
 import stackenv
 
 LOGIN = ("x86_64/amd/zen3", None)
@@ -40,22 +41,10 @@ SLURM_PACKAGES = "munge slurmctld slurmd slurm-client"
 SLURM_START_TIMEOUT = 240  # the script waits up to 180 s for its port lock, then 60 s for idle
 SLURM_STOP_TIMEOUT = 90
 JOB_TIMEOUT = 120
-# The variables that simulate a node; a real job on this machine must not carry them.
-NODE_VARIABLES = ("EESSI_PROC_CPUINFO", "EESSI_MACHINE_TYPE", eessilike.GPU_VARIABLE)
 JOB_SCRIPT = f"""#!/bin/bash
 {SHOW}
 echo "EESSI_ARCH_GUARD_RELOADED=${{EESSI_ARCH_GUARD_RELOADED:-(not set)}}"
 """
-_FINISHED = {
-    "BOOT_FAIL",
-    "CANCELLED",
-    "COMPLETED",
-    "DEADLINE",
-    "FAILED",
-    "NODE_FAIL",
-    "OUT_OF_MEMORY",
-    "TIMEOUT",
-}
 
 
 def say(text: str) -> None:
@@ -203,7 +192,7 @@ def _two_jobs(
     )
     modules = " ".join(eessilike.default_modules(prefix))
     login = eessilike.login_environment(lmod, prefix, prefix.node_env(other))
-    for name in NODE_VARIABLES:
+    for name in eessilike.NODE_VARIABLES:
         login.pop(name, None)
     (work / "tmp").mkdir()
     env = dict(login, SLURM_CONF=str(cluster / "slurm.conf"), TMPDIR=str(work / "tmp"))
@@ -280,7 +269,7 @@ def _wait(job: str, env: dict) -> str:
             check=False,
         )
         fields = dict(item.split("=", 1) for item in shown.stdout.split() if "=" in item)
-        if fields.get("JobState") in _FINISHED:
+        if fields.get("JobState") in slurmjobs.FINISHED_STATES:
             return fields["JobState"]
         time.sleep(0.1)
     subprocess.run(["scancel", job], env=env, capture_output=True, check=False)

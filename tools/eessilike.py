@@ -68,6 +68,9 @@ DEFAULT_ACCEL = {"x86_64/intel/icelake": "accel/nvidia/cc80"}
 USER_MODULES = {"UserA/1.0": "usera", "UserB/2.0": "userb"}
 GPU_MODULE = ("GpuKit/1.0", "gpukit")
 GPU_VARIABLE = "EESSI_LIKE_GPU_COMPUTE_CAP"
+# The variables that make a shell "a node" (node_env); without them archdetect reads the
+# real machine.
+NODE_VARIABLES = ("EESSI_PROC_CPUINFO", "EESSI_MACHINE_TYPE", GPU_VARIABLE)
 # Variables of a node, not of a login: a clean base drops them whatever the caller had.
 _NODE_PREFIXES = ("EESSI_", "EESSI_LIKE_")
 

@@ -36,26 +36,12 @@ import pytest
 
 import checkout
 import eessilike
+import slurmjobs
 import stackenv
 from tests.integration.harness.slurm import SlurmCluster
 
-# The variables that make a shell "a node" in eessilike; without them archdetect reads the
-# real machine.
-NODE_VARIABLES = ("EESSI_PROC_CPUINFO", "EESSI_MACHINE_TYPE", eessilike.GPU_VARIABLE)
 JOB_TIMEOUT = 180
 POLL_SECONDS = 0.1
-# scontrol's job states after which nothing of the job runs any more.
-FINISHED_STATES = {
-    "BOOT_FAIL",
-    "CANCELLED",
-    "COMPLETED",
-    "DEADLINE",
-    "FAILED",
-    "NODE_FAIL",
-    "OUT_OF_MEMORY",
-    "PREEMPTED",
-    "TIMEOUT",
-}
 # ``modules`` is ``module -t list`` on one line; ``usera`` what the user module's command says.
 TASK_SCRIPT = """#!/bin/bash
 # One task's view of its environment. $1: the directory for the environment dump.
@@ -177,7 +163,7 @@ class SlurmGuard:
         logs in on this machine itself. ``extra`` is laid over it."""
         node_vars = self.prefix.node_env(target) if target else {}
         env = eessilike.login_environment(self.lmod, self.prefix, node_vars)
-        for name in NODE_VARIABLES:
+        for name in eessilike.NODE_VARIABLES:
             env.pop(name, None)
         env.update(extra)
         return env
@@ -259,7 +245,7 @@ class SlurmGuard:
         while True:
             shown = self.cluster.run(["scontrol", "show", "job", "--oneliner", job_id])
             fields = dict(item.split("=", 1) for item in shown.stdout.split() if "=" in item)
-            if fields.get("JobState") in FINISHED_STATES:
+            if fields.get("JobState") in slurmjobs.FINISHED_STATES:
                 return fields["JobState"], fields.get("ExitCode", "")
             if time.monotonic() > deadline:
                 self.cluster.run(["scancel", job_id])
