@@ -475,3 +475,29 @@ def test_sigterm_mid_decision_ends_it_with_terminated_and_cleans_up(guard_site, 
     assert TERMINATED in run.stdout
     assert_cleaned_up_and_nothing_cached(step)
     assert_next_task_computes_again(step, hang)
+
+
+# ------------------------------------------------------------------- start-up cost
+
+
+SLOW_IMPORTS = ("re", "json", "argparse", "subprocess", "signal", "hashlib", "shutil", "tempfile")
+
+
+def test_a_cache_hit_imports_none_of_the_slow_modules(guard_site, tmp_path):
+    step = Step(guard_site, tmp_path)
+    first = step.run()
+    assert first.returncode == 0
+
+    hit = subprocess.run(
+        [step.site.python, "-X", "importtime", *step.site.guard_argv()[1:]],
+        env=step.env,
+        capture_output=True,
+        check=False,
+        timeout=60,
+    )
+
+    assert (hit.returncode, hit.stdout) == (0, first.stdout)
+    imported = {line.rsplit("|", 1)[1].strip() for line in hit.stderr.decode().splitlines() if "|" in line}
+    assert "hpcstack_ops.arch_guard.cache" in imported
+    assert "hpcstack_ops.arch_guard.decide" not in imported
+    assert not imported & set(SLOW_IMPORTS)
