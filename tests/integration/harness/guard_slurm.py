@@ -277,7 +277,7 @@ def slurm_guard(slurm_cluster, lmod) -> Iterator[SlurmGuard]:
     """The prefix (this node's target and another), the guard's package copy, in one
     world-readable directory that goes when the session ends."""
     node = real_target()
-    other = next(target for target in eessilike.DEFAULT_TARGETS if target != node)
+    other = [target for target in eessilike.DEFAULT_TARGETS if target != node][0]
     root = Path(tempfile.mkdtemp(prefix="hpcstack-guard-slurm-", dir="/tmp"))
     try:
         prefix = eessilike.build_prefix(root / "eessi", targets=(node, other), accel={})
