@@ -277,7 +277,9 @@ def slurm_guard(slurm_cluster, lmod) -> Iterator[SlurmGuard]:
     """The prefix (this node's target and another), the guard's package copy, in one
     world-readable directory that goes when the session ends."""
     node = real_target()
-    other = [target for target in eessilike.DEFAULT_TARGETS if target != node][0]
+    other = next((target for target in eessilike.DEFAULT_TARGETS if target != node), None)
+    if other is None:
+        pytest.fail(f"the EESSI-like prefix has no CPU target other than this machine's {node}")
     root = Path(tempfile.mkdtemp(prefix="hpcstack-guard-slurm-", dir="/tmp"))
     try:
         prefix = eessilike.build_prefix(root / "eessi", targets=(node, other), accel={})
