@@ -17,7 +17,7 @@ pass``, the floor of any Python prolog:
 
 A second case sets the 64 concurrent tasks beside one cold reload decision, as does the
 floor of that figure on this machine: 64 bare interpreters started the same way (with
-fewer CPUs than tasks, the interpreters queue for them). Goals (issue 6): cache hit at most
+fewer CPUs than tasks, the interpreters queue for them). Goals: cache hit at most
 1.5x the bare interpreter, 64 concurrent tasks at most 1.5x one cold decision.
 
 The guard runs as a node without an installation runs it, ``python3 -IS`` with the
