@@ -57,11 +57,6 @@ GOAL = 1.5
 CPUS = len(os.sched_getaffinity(0))
 # The interpreter behind the venv's python, as a node's TaskProlog would name it.
 PYTHON = os.path.realpath(sys.executable)
-# As tests/integration/harness/guard.py runs it: the package directory is argv[1].
-LAUNCHER = (
-    "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-    "from hpcstack_ops.arch_guard.cli import main; raise SystemExit(main())"
-)
 BARE = (PYTHON, "-IS", "-c", "pass")
 # Modules the cached-decision path must not import: each costs milliseconds per task.
 SLOW_MODULES = ("re", "json", "argparse", "subprocess", "signal", "hashlib")
@@ -89,7 +84,7 @@ class Site:
     _made: int = 0
 
     def argv(self) -> list:
-        return [PYTHON, "-IS", "-c", LAUNCHER, str(self.package_root)]
+        return checkout.guard_argv(PYTHON, self.package_root)
 
     def fresh(self, label: str) -> Path:
         """A new, empty directory; as TMPDIR, the task that uses it is its step's first."""

@@ -73,3 +73,36 @@ def pip_install(target: Path, scratch: Path, repo: Path = REPO) -> subprocess.Co
         timeout=300,
         check=False,
     )
+
+
+def copy_package(dest: Path, repo: Path = REPO) -> Path:
+    """Copy ``plugins/module_utils`` alone to ``dest/hpcstack_ops``, as a node without an
+    installation holds it; returns ``dest`` (the directory to put on ``sys.path``)."""
+    shutil.copytree(
+        repo / "plugins" / "module_utils", dest / PACKAGE, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    return dest
+
+
+# The guard run from a package directory given as its first argument, the way a node without
+# an installation runs it: ``python -IS -c GUARD_LAUNCHER <dir> [guard arguments]``.
+GUARD_LAUNCHER = (
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+    f"from {PACKAGE}.arch_guard.cli import main; raise SystemExit(main())"
+)
+
+
+def guard_argv(python: str, package_root: Path, *args: str) -> list[str]:
+    """The command that runs ``eessi-arch-guard ARGS`` with ``python -IS`` from ``package_root``."""
+    return [python, "-IS", "-c", GUARD_LAUNCHER, str(package_root), *args]
+
+
+def guard_task_prolog(python: str, package_root: Path) -> str:
+    """A TaskProlog file that runs the guard with ``python -IS`` from ``package_root``."""
+    return (
+        f"#!{python} -IS\n"
+        "import sys\n"
+        f"sys.path.insert(0, {str(package_root)!r})\n"
+        f"from {PACKAGE}.arch_guard.cli import main\n"
+        "raise SystemExit(main())\n"
+    )

@@ -87,7 +87,7 @@ def simulated_nodes(lmod: stackenv.Lmod, prefix: eessilike.EessiPrefix) -> int:
 
     with tempfile.TemporaryDirectory(prefix="hpcstack-demo-") as tmp:
         package = checkout.link_package(Path(tmp))
-        guard = [sys.executable, "-IS", "-c", _launcher(package)]
+        guard = checkout.guard_argv(sys.executable, package)
         prolog = subprocess.run(guard, env=dict(job, SLURM_LOCALID="0"), capture_output=True, check=False)
         lines = prolog.stdout.decode().splitlines()
         exports = sum(line.startswith(("export ", "unset ")) for line in lines)
@@ -207,25 +207,12 @@ def _two_jobs(
     say("without the guard (Slurm's TaskProlog does nothing), the job's output is:")
     without = _sbatch(work, script, env, "without-guard")
     show_lines(without[1])
-    package = work / "package"
-    shutil.copytree(
-        checkout.REPO / "plugins" / "module_utils",
-        package / checkout.PACKAGE,
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
-    _set_task_prolog(cluster, _prolog(package))
+    package = checkout.copy_package(work / "package")
+    _set_task_prolog(cluster, checkout.guard_task_prolog(sys.executable, package))
     say("with eessi-arch-guard as Slurm's TaskProlog, the same job's output is:")
     guarded = _sbatch(work, script, env, "with-guard")
     show_lines(guarded[1])
     return without[0] == guarded[0] == "COMPLETED"
-
-
-def _prolog(package: Path) -> str:
-    return (
-        f"#!{sys.executable} -IS\n"
-        f"import sys\nsys.path.insert(0, {os.fspath(package)!r})\n"
-        "from hpcstack_ops.arch_guard.cli import main\nraise SystemExit(main())\n"
-    )
 
 
 def _set_task_prolog(cluster: Path, text: str) -> None:
@@ -274,13 +261,6 @@ def _wait(job: str, env: dict) -> str:
         time.sleep(0.1)
     subprocess.run(["scancel", job], env=env, capture_output=True, check=False)
     return "TIMEOUT"
-
-
-def _launcher(package: Path) -> str:
-    return (
-        f"import sys; sys.path.insert(0, {os.fspath(package)!r}); "
-        "from hpcstack_ops.arch_guard.cli import main; raise SystemExit(main())"
-    )
 
 
 if __name__ == "__main__":

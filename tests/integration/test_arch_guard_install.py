@@ -4,7 +4,6 @@ mode writes byte for byte what the command installed with ``pip install .`` writ
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 
 import pytest
@@ -36,11 +35,7 @@ def copied_guard(tmp_path_factory, eessi_prefix, lmod):
     python38 = pythons.find("3.8")
     assert python38, "Python 3.8 is needed: the guard must run on nodes whose python3 is 3.8"
     root = tmp_path_factory.mktemp("copied")
-    shutil.copytree(
-        checkout.REPO / "plugins" / "module_utils",
-        root / "hpcstack_ops",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
+    checkout.copy_package(root)
     return GuardSite(prefix=eessi_prefix, lmod=lmod, package_root=root, python=python38)
 
 

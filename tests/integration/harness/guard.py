@@ -18,15 +18,12 @@ from pathlib import Path
 
 import pytest
 
+import checkout
 import eessilike
 import stackenv
 from tests import slurm_taskprolog
 
 GUARD_TIMEOUT = 120
-LAUNCHER = (
-    "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-    "from hpcstack_ops.arch_guard.cli import main; raise SystemExit(main())"
-)
 GPU = "accel/nvidia/cc80"
 
 
@@ -61,7 +58,7 @@ class GuardSite:
     _logins: dict = field(default_factory=dict)
 
     def guard_argv(self, *args: str) -> list[str]:
-        return [self.python, "-IS", "-c", LAUNCHER, str(self.package_root), *args]
+        return checkout.guard_argv(self.python, self.package_root, *args)
 
     def login(self, node, modules=None) -> dict:
         """The environment a login shell on ``node`` exports after loading ``modules``."""

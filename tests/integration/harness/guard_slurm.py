@@ -75,17 +75,6 @@ def readable_by_all(root: Path) -> None:
         path.chmod((mode & 0o700) | (0o055 if path.is_dir() or mode & 0o100 else 0o044))
 
 
-def prolog_script(python: str, package_root: Path) -> str:
-    """The TaskProlog file: the guard run by ``python -IS`` from ``package_root``."""
-    return (
-        f"#!{python} -IS\n"
-        "import sys\n"
-        f"sys.path.insert(0, {os.fspath(package_root)!r})\n"
-        "from hpcstack_ops.arch_guard.cli import main\n"
-        "raise SystemExit(main())\n"
-    )
-
-
 @dataclass
 class JobOutput:
     """``tasks``: (step, rank) -> {item: value}; ``messages``: (section, rank label, text)."""
@@ -151,7 +140,7 @@ class SlurmGuard:
     @contextlib.contextmanager
     def as_task_prolog(self) -> Iterator[None]:
         """The guard is the cluster's TaskProlog inside the block; the no-op one after it."""
-        self.cluster.set_task_prolog(prolog_script(self.python, self.package_root))
+        self.cluster.set_task_prolog(checkout.guard_task_prolog(self.python, self.package_root))
         try:
             yield
         finally:
@@ -283,12 +272,7 @@ def slurm_guard(slurm_cluster, lmod) -> Iterator[SlurmGuard]:
     root = Path(tempfile.mkdtemp(prefix="hpcstack-guard-slurm-", dir="/tmp"))
     try:
         prefix = eessilike.build_prefix(root / "eessi", targets=(node, other), accel={})
-        package_root = root / "package"
-        shutil.copytree(
-            checkout.REPO / "plugins" / "module_utils",
-            package_root / checkout.PACKAGE,
-            ignore=shutil.ignore_patterns("__pycache__"),
-        )
+        package_root = checkout.copy_package(root / "package")
         readable_by_all(root)
         yield SlurmGuard(
             cluster=slurm_cluster,

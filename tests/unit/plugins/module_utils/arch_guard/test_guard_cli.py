@@ -13,13 +13,10 @@ import sys
 
 import pytest
 
+import checkout
 from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard import cli
 from tests.slurm_taskprolog import parse
 
-RUN_CLI = (
-    "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-    "from hpcstack_ops.arch_guard.cli import main; raise SystemExit(main())"
-)
 FAILED_EXPORT = b"export EESSI_ARCH_GUARD_FAILED=x86_64/amd/zen3->archdetect-failed\n"
 
 
@@ -60,7 +57,7 @@ class ExplodingEnviron(dict):
 
 def _run_cli(package_dir, args, env, stdout=subprocess.PIPE, wrapper=()):
     return subprocess.run(
-        [*wrapper, sys.executable, "-IS", "-c", RUN_CLI, str(package_dir), *args],
+        [*wrapper, *checkout.guard_argv(sys.executable, package_dir, *args)],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=stdout,
