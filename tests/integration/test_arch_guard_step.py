@@ -480,7 +480,18 @@ def test_sigterm_mid_decision_ends_it_with_terminated_and_cleans_up(guard_site, 
 # ------------------------------------------------------------------- start-up cost
 
 
-SLOW_IMPORTS = ("re", "json", "argparse", "subprocess", "signal", "hashlib", "shutil", "tempfile")
+SLOW_IMPORTS = (
+    "os",
+    "stat",
+    "re",
+    "json",
+    "argparse",
+    "subprocess",
+    "signal",
+    "hashlib",
+    "shutil",
+    "tempfile",
+)
 
 
 def test_a_cache_hit_imports_none_of_the_slow_modules(guard_site, tmp_path):

@@ -8,8 +8,9 @@ goes wrong becomes one ``eessi-arch-guard: skipped, ...`` line and exit 0.
 
 from __future__ import annotations
 
-import os
 import sys
+
+from ..common import lean_os
 
 PROG = "eessi-arch-guard"
 
@@ -64,7 +65,7 @@ def main(argv=None, environ=None, stdout=None, stderr=None) -> int:
     # Known before parsing, so that bad arguments are reported on the stream of the mode
     # the caller asked for: in shell mode stdout is code that the job's shell runs.
     shell_mode = any(arg == "--shell" or arg.startswith("--shell=") for arg in args)
-    env = os.environ if environ is None else environ
+    env = lean_os.environ() if environ is None else environ
     out = stdout if stdout is not None else getattr(sys.stdout, "buffer", None)
     err = stderr if stderr is not None else getattr(sys.stderr, "buffer", None)
     try:
@@ -108,7 +109,7 @@ def _decide_and_write(options: Options, env, out, err) -> None:
         decision = step.decision_for(env, mode)
     if env.get("EESSI_ARCH_GUARD_VERBOSE") == "1":
         detail = decision.detail.replace("\r", " ").replace("\n", " ")
-        _write(err, os.fsencode(f"{PROG}: {detail}\n"))
+        _write(err, lean_os.fsencode(f"{PROG}: {detail}\n"))
     if options.json:
         import json  # noqa: PLC0415 (only --json needs it)
 
@@ -124,7 +125,7 @@ def _decide_and_write(options: Options, env, out, err) -> None:
 def _skip_line(problem: Exception) -> bytes:
     text = str(problem) if isinstance(problem, _UsageProblem) else f"{type(problem).__name__}: {problem}"
     what = " ".join(text.split())
-    return os.fsencode(f"{PROG}: skipped, {what[:1000]}")
+    return lean_os.fsencode(f"{PROG}: skipped, {what[:1000]}")
 
 
 def _write(stream, data: bytes) -> None:
@@ -141,6 +142,8 @@ def _write(stream, data: bytes) -> None:
 def _silence(stream) -> None:
     # Python flushes sys.stdout again at exit and turns a second EPIPE into exit status
     # 120; pointing the descriptor at /dev/null makes that flush succeed.
+    import os  # noqa: PLC0415 (a broken pipe is rare; every task's path does without os)
+
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, stream.fileno())

@@ -11,8 +11,7 @@ so a longer line was split and its tail misread; lines here stay within PROLOG_L
 
 from __future__ import annotations
 
-import os
-
+from ..common.lean_os import fsencode
 from . import decision as decisions
 
 PROLOG = "prolog"
@@ -34,11 +33,11 @@ def is_valid_name(name: str) -> bool:
 
 
 def export_line(name: str, value: str) -> bytes:
-    return b"export " + os.fsencode(name) + b"=" + os.fsencode(value) + b"\n"
+    return b"export " + fsencode(name) + b"=" + fsencode(value) + b"\n"
 
 
 def unset_line(name: str) -> bytes:
-    return b"unset " + os.fsencode(name) + b"\n"
+    return b"unset " + fsencode(name) + b"\n"
 
 
 def directive(name: str, value) -> bytes:
@@ -89,7 +88,7 @@ def trim_utf8(data: bytes, limit: int) -> bytes:
 
 
 def print_line(message: str) -> bytes:
-    text = os.fsencode(message.replace("\r", " ").replace("\n", " "))
+    text = fsencode(message.replace("\r", " ").replace("\n", " "))
     return b"print " + trim_utf8(text, PROLOG_LINE_MAX - len(b"print \n")) + b"\n"
 
 
@@ -108,8 +107,8 @@ def shell_output(decision: decisions.Decision):
     lines = [
         unset_line(name)
         if value is None
-        else b"export " + os.fsencode(name) + b"=" + os.fsencode(shlex.quote(value)) + b"\n"
+        else b"export " + fsencode(name) + b"=" + fsencode(shlex.quote(value)) + b"\n"
         for name, value in decision.changes
     ]
-    message = os.fsencode(decision.message) + b"\n" if decision.message else b""
+    message = fsencode(decision.message) + b"\n" if decision.message else b""
     return b"".join(lines), message

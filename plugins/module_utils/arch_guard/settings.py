@@ -7,8 +7,7 @@ Read by every task, so it imports nothing the cached-decision path does not need
 
 from __future__ import annotations
 
-import os
-
+from ..common.lean_os import isdir
 from .decision import skip
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
@@ -50,4 +49,4 @@ def early_skip(env):
 def scratch_dir(env) -> str:
     """``TMPDIR`` when it is an absolute path to a directory, else /tmp."""
     tmpdir = env.get("TMPDIR", "")
-    return tmpdir if os.path.isabs(tmpdir) and os.path.isdir(tmpdir) else "/tmp"  # noqa: S108
+    return tmpdir if tmpdir.startswith("/") and isdir(tmpdir) else "/tmp"  # noqa: S108
