@@ -4,9 +4,10 @@ Real EasyBuild (from .venv) builds TinyApp 1.0 and its dependency TinyLib 1.0, o
 into ./demo (software/ and modules/all/, as on a cluster); real Lmod then lists and loads
 them. Then eb-staged-rebuild rebuilds TinyApp beside the live tree with real EasyBuild,
 swaps it in, rolls it back and collects the retired tree, with Lmod loading the module at
-every stage. Last, eessi-arch-guard repairs a job that inherited EESSI's environment for
-another CPU (tools/demo_guard.py). A second run finds both installed and EasyBuild skips
-them. HPCSTACK_DEMO_DIR puts the tree elsewhere (the tests do).
+every stage, and does the same again through the collection's playbooks
+(tools/demo_ansible.py). Last, eessi-arch-guard repairs a job that inherited EESSI's
+environment for another CPU (tools/demo_guard.py). A second run finds both installed and
+EasyBuild skips them. HPCSTACK_DEMO_DIR puts the tree elsewhere (the tests do).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from importlib import metadata
 from pathlib import Path
 
 import checkout
+import demo_ansible
 import demo_guard
 import stackenv
 import tinypkgs
@@ -91,7 +93,11 @@ def main() -> int:
     print(shown.stdout.rstrip())
     if not show_app(module_shell):
         return 1
-    return staged_rebuild(env, module_shell) or demo_guard.run(lmod, DEMO)
+    return (
+        staged_rebuild(env, module_shell)
+        or demo_ansible.run(env, DEMO, STATE, packages.easyconfig(tinypkgs.APP))
+        or demo_guard.run(lmod, DEMO)
+    )
 
 
 def show_app(module_shell) -> bool:

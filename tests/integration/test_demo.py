@@ -26,8 +26,21 @@ def _demo(tree):
     )
 
 
-def test_demo_builds_the_live_tree_and_lists_its_modules(tmp_path):
-    first = _demo(tmp_path / "demo")
+# One demo run serves the tests of what it printed; the last test runs it a second time. The
+# group keeps them on one xdist worker, so the run is made once.
+DEMO_TREE = pytest.mark.xdist_group("demo_tree")
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    """The demo, run once into a fresh tree: ``(tree, finished process)``."""
+    tree = tmp_path_factory.mktemp("demo-run") / "demo"
+    return tree, _demo(tree)
+
+
+@DEMO_TREE
+def test_demo_builds_the_live_tree_and_lists_its_modules(demo_run):
+    tree, first = demo_run
 
     assert first.returncode == 0, first.stdout + first.stderr
     assert "Build succeeded for 2 out of 2" in first.stdout
@@ -38,14 +51,15 @@ def test_demo_builds_the_live_tree_and_lists_its_modules(tmp_path):
     assert first.stdout.rstrip().endswith(
         "EESSI_ARCH_GUARD_RELOADED=x86_64/amd/zen3 no accel->x86_64/intel/icelake accel/nvidia/cc80"
     )
-    assert (tmp_path / "demo" / "software" / "TinyApp" / "1.0" / "bin" / "tinyapp").is_file()
+    assert (tree / "software" / "TinyApp" / "1.0" / "bin" / "tinyapp").is_file()
 
 
-def test_demo_rebuilds_through_the_staged_path_rolls_back_and_collects(tmp_path):
-    done = _demo(tmp_path / "demo")
+@DEMO_TREE
+def test_demo_rebuilds_through_the_staged_path_rolls_back_and_collects(demo_run):
+    tree, done = demo_run
 
     assert done.returncode == 0, done.stdout + done.stderr
-    live = tmp_path / "demo" / "software" / "TinyApp" / "1.0"
+    live = tree / "software" / "TinyApp" / "1.0"
     published = [line for line in done.stdout.splitlines() if "is now a new directory" in line]
     assert len(published) == 1
     before, after = published[0].split("(inode ")[1].rstrip(")").split(" -> ")
@@ -61,13 +75,39 @@ def test_demo_rebuilds_through_the_staged_path_rolls_back_and_collects(tmp_path)
     assert done.stdout.count("tinyapp: hello from TinyLib 1.0") == 3
 
 
-def test_demo_run_twice_leaves_the_installed_tree_alone(tmp_path):
-    assert _demo(tmp_path / "demo").returncode == 0
-    install = tmp_path / "demo" / "software" / "TinyApp" / "1.0"
+@DEMO_TREE
+def test_demo_runs_the_rebuild_rollback_and_gc_playbooks_against_localhost(demo_run):
+    tree, done = demo_run
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [
+        line.split(": ", 1)[1] for line in done.stdout.splitlines() if line.startswith("demo (ansible): ")
+    ]
+    counts = [line.split(": ", 1)[1] for line in lines if line.endswith("failed=0")]
+    # Up to date first; the edited easyconfig rebuilds; rollback and gc, each then a no-op.
+    assert (
+        counts
+        == ["changed=0, failed=0", "changed=1, failed=0"] + ["changed=1, failed=0", "changed=0, failed=0"] * 2
+    )
+    assert "localhost: up to date, nothing rebuilt (TinyApp/1.0)" in lines
+    live = tree / "software" / "TinyApp" / "1.0"
+    inodes = next(line for line in lines if line.startswith(f"{live}: inode ") and "->" in line)
+    before, after = inodes.split("inode ")[1].split(" -> ")
+    assert before != after
+    assert f"{live}: inode {before}, the previous directory again" in lines
+    assert live.stat().st_ino == int(before)
+    assert [p.name for p in live.parent.iterdir()] == ["1.0"]
+
+
+@DEMO_TREE
+def test_demo_run_twice_leaves_the_installed_tree_alone(demo_run):
+    tree, first = demo_run
+    assert first.returncode == 0
+    install = tree / "software" / "TinyApp" / "1.0"
     inode = install.stat().st_ino
     mtime = (install / "bin" / "tinyapp").stat().st_mtime_ns
 
-    second = _demo(tmp_path / "demo")
+    second = _demo(tree)
 
     assert second.returncode == 0, second.stdout + second.stderr
     assert "TinyApp/1.0 is already installed" in second.stdout

@@ -16,20 +16,13 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import sys
 
-from ..common import errors, locking
-from . import faults as faults_module
+from ..common import errors
+from . import commands, probe
 from . import gc as gc_module
-from . import journal as journals
-from . import paths, probe, rebuild, resume, retire, rollback, status
 
 PROG = "eb-staged-rebuild"
-
-
-class Terminated(errors.HpcstackError):
-    """SIGTERM arrived; raised so that the transaction's reversal runs."""
 
 
 def _env_float(name, default):
@@ -137,67 +130,24 @@ def build_parser():
     return parser
 
 
-def _state_root(args):
-    if args.lock_timeout < 0 or args.lock_timeout != args.lock_timeout:
-        raise errors.UsageError(
-            f"lock timeout must be 0 or more seconds (--lock-timeout), not {args.lock_timeout}"
-        )
-    if not args.state_root:
-        raise errors.UsageError("no state root: give --state-root DIR or set EB_STAGED_REBUILD_STATE_ROOT")
-    return os.path.abspath(args.state_root)
-
-
-def _existing_state_root(args):
-    state_root = _state_root(args)
-    if not os.path.isdir(os.path.join(state_root, "runs")):
-        raise errors.UsageError(f"state root {state_root} has no runs (nothing was ever published with it)")
-    paths.prepare_state_root(state_root)
-    return state_root
-
-
-def _live_trees(args):
-    """The live software and module roots: the options first, then EasyBuild's variables.
-
-    An option given on the command line beats every variable; among the variables, as in
-    EasyBuild, ``EASYBUILD_INSTALLPATH_SOFTWARE``/``_MODULES`` beat ``EASYBUILD_INSTALLPATH``.
-    """
-    if args.installpath_software or args.installpath_modules:
-        if not (args.installpath_software and args.installpath_modules):
-            raise errors.UsageError("--installpath-software and --installpath-modules go together")
-        return args.installpath_software, args.installpath_modules
-    if args.installpath:
-        return os.path.join(args.installpath, "software"), os.path.join(args.installpath, "modules")
-    installpath = os.environ.get("EASYBUILD_INSTALLPATH")
-    trees = []
-    for tree in ("software", "modules"):
-        path = os.environ.get("EASYBUILD_INSTALLPATH_" + tree.upper())
-        if not path and installpath:
-            path = os.path.join(installpath, tree)
-        if not path:
-            raise errors.UsageError(
-                f"no install path for {tree}: give --installpath DIR (or set EASYBUILD_INSTALLPATH)"
-            )
-        trees.append(path)
-    return tuple(trees)
-
-
 def _request(args):
-    software, modules = _live_trees(args)
-    eb_args = args.eb_args[1:] if args.eb_args[:1] == ["--"] else args.eb_args
-    return {
-        "software": os.path.abspath(software),
-        "modules": os.path.abspath(modules),
-        "modules_requested": args.modules,
-        "backend": args.backend,
-        "eb": os.path.abspath(args.eb) if os.sep in args.eb else (shutil.which(args.eb) or args.eb),
-        "eb_args": eb_args,
-        "run_id": args.run_id,
-        "skip_live_check": args.skip_live_check,
-        "allow_unrelocated": args.allow_unrelocated,
-        "prepare": args.prepare,
-        "ledger_config": os.path.abspath(args.ledger_config) if args.ledger_config else None,
-        "lock_timeout": args.lock_timeout,
-    }
+    software, modules = commands.live_trees(
+        args.installpath, args.installpath_software, args.installpath_modules, os.environ
+    )
+    return commands.rebuild_request(
+        software=software,
+        modules=modules,
+        modules_requested=args.modules,
+        eb=commands.resolve_eb(args.eb),
+        eb_args=args.eb_args[1:] if args.eb_args[:1] == ["--"] else args.eb_args,
+        backend=args.backend,
+        run_id=args.run_id,
+        skip_live_check=args.skip_live_check,
+        allow_unrelocated=args.allow_unrelocated,
+        prepare=args.prepare,
+        ledger_config=args.ledger_config,
+        lock_timeout=args.lock_timeout,
+    )
 
 
 def _progress(args):
@@ -210,69 +160,40 @@ def _progress(args):
 
 
 def cmd_rebuild(args):
-    request = _request(args)
-    if args.dry_run:
-        return rebuild.dry_run(request)
-    return rebuild.rebuild(
-        request, _state_root(args), faults_module.Faults(), _progress(args), dict(os.environ)
+    return commands.run_rebuild(
+        _request(args), args.state_root, _progress(args), dict(os.environ), dry_run=args.dry_run
     )
 
 
-def _rebuilder(args):
-    def again(journal):
-        trees = paths.Trees(**journal.data["trees"])
-        return rebuild.build_and_publish(
-            journal, trees, faults_module.Faults(), _progress(args), dict(os.environ)
-        )
-
-    return again
-
-
 def cmd_resume(args):
-    state_root = _existing_state_root(args)
-    with locking.StateLock(state_root, args.lock_timeout):
-        runs = [journals.find(state_root, args.run_id)] if args.run_id else journals.run_journals(state_root)
-        results = [
-            resume.resume_run(
-                journal,
-                paths.Trees(**journal.data["trees"]) if "trees" in journal.data else None,
-                _rebuilder(args),
-            )
-            for journal in runs
-        ]
-    return {"changed": any(result["changed"] for result in results), "runs": results}
+    return commands.resume_runs(
+        args.state_root,
+        args.run_id,
+        lock_timeout=args.lock_timeout,
+        progress=_progress(args),
+        env=dict(os.environ),
+    )
 
 
 def cmd_rollback(args):
-    state_root = _existing_state_root(args)
-    paths.check_run_id(args.run_id)
-    with locking.StateLock(state_root, args.lock_timeout):
-        journal = journals.find(state_root, args.run_id)
-        if journal.data["kind"] == "retire":
-            return retire.rollback_retire(journal)
-        return rollback.rollback(journal, paths.Trees(**journal.data["trees"]), faults_module.Faults())
+    return commands.roll_back(args.state_root, args.run_id, args.lock_timeout)
 
 
 def cmd_retire(args):
-    retire.check(args.module_file, args.reason, _state_root(args))
-    state_root = paths.prepare_state_root(_state_root(args))
-    with locking.StateLock(state_root, args.lock_timeout):
-        return retire.retire(state_root, args.module_file, args.reason)
+    return commands.retire_module(
+        args.state_root, args.module_file, args.reason, lock_timeout=args.lock_timeout
+    )
 
 
 def cmd_gc(args):
-    state_root = _existing_state_root(args)
     grace = args.grace_hours
     if grace is None:
         grace = _env_float("EB_STAGED_REBUILD_GRACE_HOURS", gc_module.DEFAULT_GRACE_HOURS)
-    if grace < 0:
-        raise errors.UsageError("--grace-hours must not be negative")
-    with locking.StateLock(state_root, args.lock_timeout):
-        return gc_module.gc(state_root, grace_hours=grace, dry_run=args.dry_run)
+    return commands.collect_garbage(args.state_root, grace, args.lock_timeout, dry_run=args.dry_run)
 
 
 def cmd_status(args):
-    return status.status(_existing_state_root(args), args.run_id)
+    return commands.show_status(args.state_root, args.run_id)
 
 
 def cmd_probe(args):
@@ -300,10 +221,6 @@ def _exit_code(result):
     return errors.EXIT_WARNINGS if result.get("warnings") or result.get("interrupted") else errors.EXIT_OK
 
 
-def _on_sigterm(signum, frame):
-    raise Terminated(f"terminated by signal {signum}; completed steps were reversed")
-
-
 def main(argv=None):
     """Run the command; return the exit status (0 ok, 1 warnings, 2 error)."""
     try:
@@ -311,9 +228,9 @@ def main(argv=None):
     except errors.UsageError as err:
         sys.stderr.write(f"{PROG}: {err}\n")
         return err.exit_code
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        result = args.func(args)
+        with commands.sigterm_raises():
+            result = args.func(args)
     except errors.HpcstackError as err:
         if args.debug:
             raise
@@ -322,11 +239,8 @@ def main(argv=None):
     except OSError as err:
         if args.debug:
             raise
-        where = f" ({err.filename})" if err.filename else ""
-        sys.stderr.write(f"{PROG}: {err.strerror or err}{where}\n")
+        sys.stderr.write(f"{PROG}: {commands.failure_message(err)}\n")
         return errors.EXIT_ERROR
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     sys.stdout.write(json.dumps(result, sort_keys=True) + "\n" if args.json else _text(result))
     return _exit_code(result)
 

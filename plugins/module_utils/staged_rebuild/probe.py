@@ -26,7 +26,7 @@ from . import backends, easybuild
 SHARED_FILESYSTEMS = ("nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb3", "ceph", "fuse.glusterfs")
 # The first release the design accepts for the pipeline.
 EASYBUILD_VALIDATED = (5, 4, 2)
-_EB_VERSION = re.compile(r"This is EasyBuild (\d+)\.(\d+)\.(\d+)")
+EB_VERSION_PATTERN = re.compile(r"This is EasyBuild (\d+)\.(\d+)\.(\d+)")
 _EB_TIMEOUT = 60
 
 
@@ -74,7 +74,7 @@ def easybuild_version(eb):
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
-    found = _EB_VERSION.search(done.stdout)
+    found = EB_VERSION_PATTERN.search(done.stdout)
     return tuple(int(part) for part in found.groups()) if found else None
 
 

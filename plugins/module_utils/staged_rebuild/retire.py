@@ -105,19 +105,34 @@ def retire(state_root, module_file, reason):
     }
 
 
-def rollback_retire(journal):
-    """Move a retired module file back; resolve a retire that a crash interrupted."""
+def _nothing_moved(journal):
+    # A crash before the rename: the journal says retiring, and the file never left.
+    source, original = journal.data["retired_to"], journal.data["module_file"]
+    return journal.state == "retiring" and os.path.lexists(original) and not os.path.lexists(source)
+
+
+def check_rollback(journal):
+    """Refuse a rollback of a retire that cannot be done; False when it is rolled back already."""
     source, original = journal.data["retired_to"], journal.data["module_file"]
     if journal.state == "rolled_back":
-        return {"run_id": journal.run_id, "changed": False, "state": journal.state}
-    if journal.state == "retiring" and os.path.lexists(original) and not os.path.lexists(source):
-        # The crash came before the rename: nothing moved.
-        journal.set_state("rolled_back")
-        return {"run_id": journal.run_id, "changed": True, "state": journal.state}
+        return False
+    if _nothing_moved(journal):
+        return True
     if os.path.lexists(original):
         raise errors.UsageError(f"{original} exists again; refusing to overwrite it with the retired copy")
     if not os.path.isfile(source):
         raise errors.JournalError(f"run {journal.run_id}: the retired file {source} is missing")
+    return True
+
+
+def rollback_retire(journal):
+    """Move a retired module file back; resolve a retire that a crash interrupted."""
+    source, original = journal.data["retired_to"], journal.data["module_file"]
+    if not check_rollback(journal):
+        return {"run_id": journal.run_id, "changed": False, "state": journal.state}
+    if _nothing_moved(journal):
+        journal.set_state("rolled_back")
+        return {"run_id": journal.run_id, "changed": True, "state": journal.state}
     _move(source, original)
     journal.set_state("rolled_back")
     return {"run_id": journal.run_id, "changed": True, "state": journal.state, "module_file": original}

@@ -33,13 +33,14 @@ def _require_still_live(journal, entry):
         )
 
 
-def rollback(journal, trees, faults):
+def check(journal):
+    """Refuse a rollback that cannot be done; False when the run is rolled back already."""
     if journal.data["kind"] != "publish":
         raise errors.UsageError(
             f"run {journal.run_id} is a {journal.data['kind']} record; use its own rollback"
         )
     if journal.state == "rolled_back":
-        return {"run_id": journal.run_id, "changed": False, "state": journal.state}
+        return False
     if journal.state != "published":
         raise errors.UsageError(
             f"run {journal.run_id} is {journal.state}, not published; only a published run can be rolled back"
@@ -47,6 +48,12 @@ def rollback(journal, trees, faults):
         )
     for entry in journal.modules:
         _require_still_live(journal, entry)
+    return True
+
+
+def rollback(journal, trees, faults):
+    if not check(journal):
+        return {"run_id": journal.run_id, "changed": False, "state": journal.state}
     transaction = Transaction(journal, faults)
     entries = list(reversed(journal.modules))
     try:

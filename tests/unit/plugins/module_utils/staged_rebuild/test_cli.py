@@ -217,7 +217,7 @@ def test_an_os_error_is_one_line_naming_the_path_and_exit_2(site, capsys):
     (site.state_root / "runs").mkdir(parents=True)
     (site.state_root / "retired").write_text("not a directory\n")
 
-    code = _main(site, "status")
+    code = _main(site, "gc")
 
     assert code == 2
     assert _one_line_error(capsys.readouterr()) == f"File exists ({site.state_root}/retired)"
@@ -333,7 +333,7 @@ def test_debug_re_raises_an_os_error(site, capsys):
     (site.state_root / "retired").write_text("not a directory\n")
 
     with pytest.raises(FileExistsError):
-        _main(site, "--debug", "status")
+        _main(site, "--debug", "gc")
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,149 @@
+# Copyright: hpcstack.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What the staged-rebuild Ansible modules share, kept free of Ansible itself.
+
+The modules stay thin: their arguments in, one call of ``commands``, the result out. This
+holds the options they all take, the one-line failure of a call, and the snapshot of the
+live trees that diff mode shows before and after.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from . import commands, paths
+from . import journal as journals
+
+STATE_ROOT_VARIABLE = "EB_STAGED_REBUILD_STATE_ROOT"
+NO_MODULE_FILE = "(no module file)\n"
+# A link, a directory or a FIFO where a module file was asked for: its content is not shown.
+NOT_A_FILE = "(not a regular file)\n"
+# Check mode's diff: the live directory would be another one, whose inode is not known yet.
+REPLACED = "replaced"
+_IDENTITY = {None: "absent", REPLACED: "replaced by a new directory"}
+
+
+def common_arguments() -> dict:
+    """The argument spec of the options in the ``hpcstack.ops.staged_rebuild`` doc fragment."""
+    return {"state_root": {"type": "path"}, "lock_timeout": {"type": "float", "default": 0.0}}
+
+
+def state_root(params, environ) -> str:
+    """The ``state_root`` option, else the host's EB_STAGED_REBUILD_STATE_ROOT (may be None)."""
+    return params.get("state_root") or environ.get(STATE_ROOT_VARIABLE)
+
+
+def run(call, check_mode, diff_mode=False, snapshot=None):
+    """One command for a module: ``(result, None)``, or ``(None, message)`` when it failed.
+
+    ``call(dry_run)`` runs the command, or in check mode its dry run, whose ``would_change``
+    becomes ``changed``. In diff mode ``snapshot()`` is taken before and after; in check mode
+    the after is the prediction: each live directory replaced, or a retired file gone.
+    """
+    try:
+        before = snapshot() if diff_mode and snapshot else None
+        with commands.sigterm_raises():
+            result = call(check_mode)
+        if check_mode:
+            result["changed"] = result.pop("would_change", False)
+        if before is not None:
+            after = _predicted(before, result["changed"]) if check_mode else snapshot()
+            result["diff"] = {"before": render(before), "after": render(after)}
+    except commands.FAILURES as err:
+        return None, commands.failure_message(err)
+    return result, None
+
+
+def _predicted(before, changes) -> dict:
+    if not changes:
+        return before
+    after = {}
+    for module, state in before.items():
+        if state["live_dir"] is None:  # a retired module file: moved away, or back
+            text = NO_MODULE_FILE if state["module_text"] != NO_MODULE_FILE else "(the retired copy)\n"
+            after[module] = dict(state, module_text=text)
+        else:
+            after[module] = dict(state, live_inode=REPLACED)
+    return after
+
+
+def live_snapshot(software, modules, module_names) -> dict:
+    """For each ``Name/Version``: the live directory's inode and the module file's text."""
+    trees = paths.Trees(software, modules)
+    snapshot = {}
+    for value in module_names:
+        name, version = paths.parse_module(value)
+        entry = paths.ModulePaths(trees, name, version, "snapshot")
+        snapshot[value] = {
+            "live_dir": entry.stable_path,
+            "live_inode": _inode(entry.stable_path),
+            "module_file": entry.module_file(),
+            "module_text": _text(entry.module_file()),
+        }
+    return snapshot
+
+
+def run_snapshot(state_root, run_id) -> dict:
+    """The live state that run ``run_id`` changed: its modules, or the file it retired."""
+    journal = journals.find(commands.existing_state_root(state_root), run_id)
+    if journal.data["kind"] == "retire":
+        return file_snapshot(journal.data["module_file"])
+    trees = journal.data["trees"]
+    return live_snapshot(trees["software"], trees["modules"], [entry["module"] for entry in journal.modules])
+
+
+def file_snapshot(path) -> dict:
+    """One module file on its own (what a retire moves): its text, or that it is not there."""
+    path = os.path.abspath(path)
+    return {
+        path: {"live_dir": None, "live_inode": None, "module_file": path, "module_text": _file_text(path)}
+    }
+
+
+def render(snapshot) -> str:
+    """A snapshot as the text that diff mode compares, one block per module."""
+    blocks = []
+    for module, state in sorted(snapshot.items()):
+        if state["live_dir"] is not None:
+            identity = _IDENTITY.get(state["live_inode"], f"inode {state['live_inode']}")
+            blocks.append(f"# {module}: {state['live_dir']} {identity}\n")
+        blocks.append(f"# {state['module_file']}\n{state['module_text']}")
+    return "".join(blocks)
+
+
+def diff(before, after) -> dict:
+    """Ansible's diff dict for two snapshots."""
+    return {"before": render(before), "after": render(after)}
+
+
+def _inode(path):
+    try:
+        return os.lstat(path).st_ino
+    except OSError:
+        return None
+
+
+def _file_text(path) -> str:
+    """The text of a regular file at ``path``, read before the core has checked the path:
+    without following a link (whose target could be any file) and without blocking on a FIFO."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return NO_MODULE_FILE
+    except OSError:
+        return NOT_A_FILE
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            return NOT_A_FILE
+        text = handle.read().decode("utf-8", "replace")
+    return text if text.endswith("\n") else text + "\n"
+
+
+def _text(path) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+    except OSError:
+        return NO_MODULE_FILE
+    return text if text.endswith("\n") else text + "\n"

@@ -1,0 +1,92 @@
+# Copyright: hpcstack.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Would a rebuild change anything? Each module against what its live install records.
+
+EasyBuild records both things a rebuild is asked for in the install it made:
+``<install>/easybuild/<Name>-<version>.eb``, a byte copy of the easyconfig it built from,
+and its own version in the first line of its log beside it (``... This is EasyBuild 5.4.1
+(framework: ...``). A module is up to date when that copy equals one of the easyconfig
+files among EasyBuild's arguments and the log's version is the one ``eb --version`` gives
+now. An easyconfig named without a path (found through EasyBuild's robot path) cannot be
+read here, so it never counts as up to date.
+"""
+
+from __future__ import annotations
+
+import bz2
+import glob
+import gzip
+import os
+
+from . import paths, probe
+
+_LOG_HEAD_BYTES = 4096
+_OPENERS = {".gz": gzip.open, ".bz2": bz2.open}
+
+
+def requested_easyconfigs(eb_args) -> list:
+    """EasyBuild's arguments that name an easyconfig file."""
+    return [arg for arg in eb_args if arg.endswith(".eb") and not arg.startswith("-")]
+
+
+def compare(request) -> list:
+    """For each requested module: ``{module, up_to_date, why}``."""
+    easyconfigs = requested_easyconfigs(request["eb_args"])
+    contents, problem = _read_all(easyconfigs)
+    version = probe.easybuild_version(request["eb"])
+    results = []
+    for value in request["modules_requested"]:
+        name, module_version = paths.parse_module(value)
+        install = os.path.join(request["software"], name, module_version)
+        why = problem or _why_stale(install, f"{name}-{module_version}.eb", contents, version)
+        results.append(
+            {"module": value, "up_to_date": why is None, "why": why or "same easyconfig and EasyBuild"}
+        )
+    return results
+
+
+def _read_all(easyconfigs):
+    if not easyconfigs:
+        return [], "no easyconfig file among EasyBuild's arguments to compare with"
+    contents = []
+    for path in easyconfigs:
+        try:
+            with open(path, "rb") as handle:
+                contents.append(handle.read())
+        except OSError:
+            return [], f"easyconfig {path} is not a file that can be read here"
+    return contents, None
+
+
+def _why_stale(install, easyconfig_name, contents, version):
+    recorded = os.path.join(install, "easybuild", easyconfig_name)
+    try:
+        with open(recorded, "rb") as handle:
+            if handle.read() not in contents:
+                return f"{recorded} differs from the requested easyconfig"
+    except OSError:
+        return f"the live install records no easyconfig ({recorded})"
+    if version is None:
+        return "eb --version did not run, so the EasyBuild version cannot be compared"
+    built_by = recorded_easybuild_version(os.path.join(install, "easybuild"))
+    if built_by != version:
+        shown = ".".join(map(str, built_by)) if built_by else "an unknown version"
+        return f"built by EasyBuild {shown}, not by {'.'.join(map(str, version))}"
+    return None
+
+
+def recorded_easybuild_version(log_dir):
+    """``(major, minor, patch)`` from the newest EasyBuild log in ``log_dir``, or None."""
+    logs = sorted(glob.glob(os.path.join(glob.escape(log_dir), "easybuild-*.log*")))
+    logs = [log for log in logs if not log.endswith("_test_report.md")]
+    if not logs:
+        return None
+    newest = logs[-1]
+    opener = _OPENERS.get(os.path.splitext(newest)[1], open)
+    try:
+        with opener(newest, "rb") as handle:
+            head = handle.read(_LOG_HEAD_BYTES).decode("utf-8", "replace")
+    except (OSError, EOFError):
+        return None
+    found = probe.EB_VERSION_PATTERN.search(head)
+    return tuple(int(part) for part in found.groups()) if found else None

@@ -1,0 +1,149 @@
+#!/usr/bin/python
+# Copyright: hpcstack.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: staged_gc
+short_description: Remove the trees that staged rebuilds replaced, once no job can still use them
+version_added: 0.1.0
+description:
+  - Removes, on the target host, the previous install directories that runs of
+    C(eb-staged-rebuild) kept beside the live ones (the hidden sibling
+    C(<software>/<Name>/.<version>.<run_id>) each run's journal recorded), once the grace period
+    has passed since the run last changed state. The live path is never removed.
+  - Once a run's previous tree is gone, M(hpcstack.ops.staged_rollback) refuses to roll that
+    run back.
+  - The software directory of a retired module file is only reported (RV(kept) or RV(manual)),
+    never deleted.
+  - Interrupted runs are listed in RV(interrupted) and each becomes a warning; finish or reverse
+    them with C(eb-staged-rebuild resume), or roll back an interrupted retire.
+  - Reports a change only when something was removed; in check mode, when something would be.
+author:
+  - hpcstack.ops maintainers (@hpcstack)
+extends_documentation_fragment:
+  - hpcstack.ops.staged_rebuild
+  - hpcstack.ops.staged_rebuild.attributes
+attributes:
+  check_mode:
+    support: full
+    details: Lists what would be removed in RV(removed) and removes nothing.
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+    description: When run twice with the same arguments, the second run reports no change.
+options:
+  grace_hours:
+    description:
+      - How long, in hours, a previous tree is kept after its run last changed state. Set it to
+        the site's longest job walltime plus a margin, so that no job still runs from it.
+      - When not given, the target host's environment variable E(EB_STAGED_REBUILD_GRACE_HOURS),
+        else V(144) (a 120-hour walltime plus 24 hours).
+      - Must not be negative.
+    type: float
+seealso:
+  - module: hpcstack.ops.staged_info
+  - module: hpcstack.ops.staged_rollback
+"""
+
+EXAMPLES = r"""
+- name: Remove previous trees older than the default grace period
+  hpcstack.ops.staged_gc:
+    state_root: /apps/.eb-staged-rebuild
+
+- name: See what a two-day grace period would remove
+  hpcstack.ops.staged_gc:
+    state_root: /apps/.eb-staged-rebuild
+    grace_hours: 48
+  check_mode: true
+  register: would_remove
+"""
+
+RETURN = r"""
+removed:
+  description: The previous trees removed (in check mode, that would be removed), each with its run.
+  returned: success
+  type: list
+  elements: dict
+  sample:
+    - path: /apps/software/TinyApp/.1.0.20261201T053043Z-89e721
+      run_id: 20261201T053043Z-89e721
+kept:
+  description:
+    - Previous trees and software directories that stay, each with its run and why (the grace
+      period, or a tracked module file still uses it).
+  returned: success
+  type: list
+  elements: dict
+  sample:
+    - path: /apps/software/TinyApp/.1.0.20261201T053043Z-89e721
+      run_id: 20261201T053043Z-89e721
+      why: grace period
+manual:
+  description:
+    - Software directories of retired module files that no tracked module file uses any more;
+      delete them by hand when sure.
+  returned: success
+  type: list
+  elements: dict
+  sample:
+    - path: /apps/software/TinyApp/1.0
+      run_id: retire-20261201T053059657999Z
+      why: "retired; no tracked module uses it: delete it by hand when sure"
+interrupted:
+  description:
+    - Runs that a crash interrupted, each with its state and the command that finishes or
+      reverses it. Each also becomes a warning.
+  returned: success
+  type: list
+  elements: dict
+  sample:
+    - run_id: 20261201T053043Z-89e721
+      state: publishing
+      why: "interrupted: 'eb-staged-rebuild resume'"
+dry_run:
+  description: Whether nothing was removed because the module ran in check mode.
+  returned: success
+  type: bool
+  sample: false
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule, env_fallback
+
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import commands, module_support
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import gc as gc_module
+
+GRACE_HOURS_VARIABLE = "EB_STAGED_REBUILD_GRACE_HOURS"
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            module_support.common_arguments(),
+            grace_hours={"type": "float", "fallback": (env_fallback, [GRACE_HOURS_VARIABLE])},
+        ),
+        supports_check_mode=True,
+    )
+    state_root = module_support.state_root(module.params, os.environ)
+    grace_hours = module.params["grace_hours"]
+    if grace_hours is None:
+        grace_hours = gc_module.DEFAULT_GRACE_HOURS
+    result, failure = module_support.run(
+        lambda dry_run: commands.collect_garbage(
+            state_root, grace_hours, module.params["lock_timeout"], dry_run=dry_run
+        ),
+        module.check_mode,
+    )
+    if failure is not None:
+        module.fail_json(msg=failure)
+    for run in result["interrupted"]:
+        module.warn(f"run {run['run_id']} ({run['state']}) is {run['why']}")
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,309 @@
+#!/usr/bin/python
+# Copyright: hpcstack.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: staged_rebuild
+short_description: Rebuild EasyBuild installs beside the live tree and swap them in atomically
+version_added: 0.1.0
+description:
+  - Runs a staged rebuild of C(eb-staged-rebuild) on the target host. EasyBuild builds a complete
+    replacement of each module beside its live install; the replacement is then swapped into the
+    live path in one atomic exchange per module, and the module files are updated. The tree that
+    was live is kept beside it, so that M(hpcstack.ops.staged_rollback) can put it back.
+  - With O(rebuild=changed) (the default), nothing is built when every module is live from a
+    byte-identical copy of one of the O(easyconfigs) and was built by the EasyBuild that O(eb)
+    runs now, as the live install's C(easybuild/) directory records.
+  - A run interrupted by a crash must be finished first with M(hpcstack.ops.staged_resume);
+    until then every rebuild is refused.
+author:
+  - hpcstack.ops maintainers (@hpcstack)
+extends_documentation_fragment:
+  - hpcstack.ops.staged_rebuild
+  - hpcstack.ops.staged_rebuild.attributes
+attributes:
+  check_mode:
+    support: full
+    details: Check mode compares the live installs and checks the request, and builds nothing.
+  diff_mode:
+    support: full
+    details: The diff shows each live directory's inode and the module files, before and after.
+  idempotent:
+    description: When run twice with the same arguments, the second run reports no change.
+    support: partial
+    details: With O(rebuild=changed), a second run with the same easyconfigs and EasyBuild reports
+      no change; with O(rebuild=always) every run rebuilds.
+options:
+  modules:
+    description:
+      - The modules to rebuild, each as C(NAME/VERSION); each must be installed live already.
+    type: list
+    elements: str
+    required: true
+  easyconfigs:
+    description:
+      - Easyconfig files to build from; they come first among EasyBuild's arguments.
+      - O(rebuild=changed) compares the live installs with these files.
+    type: list
+    elements: path
+    default: []
+  eb_args:
+    description:
+      - Further arguments for EasyBuild, after O(easyconfigs) (for example V(--robot)).
+      - Options that would send the build elsewhere (the install paths among them) are removed.
+    type: list
+    elements: str
+    default: []
+  installpath:
+    description:
+      - The live tree, with C(software/) and C(modules/) in it.
+      - When neither this nor O(installpath_software) is given, the target host's
+        E(EASYBUILD_INSTALLPATH_SOFTWARE) and E(EASYBUILD_INSTALLPATH_MODULES), else
+        E(EASYBUILD_INSTALLPATH), as EasyBuild reads them.
+    type: path
+  installpath_software:
+    description:
+      - The live software tree, for a site whose software and modules are not under one directory.
+    type: path
+  installpath_modules:
+    description:
+      - The live module tree, with O(installpath_software).
+    type: path
+  backend:
+    description:
+      - How EasyBuild is run. V(bwrap) and V(userns) build in a sandbox in which the live paths
+        are where the build writes; V(installpath) builds unsandboxed into a separate directory
+        and rewrites the paths afterwards; V(auto) takes the first of them that works on the host.
+    type: str
+    choices: [auto, bwrap, userns, installpath]
+    default: auto
+  eb:
+    description:
+      - The EasyBuild command.
+      - When not given, the target host's E(EB_STAGED_REBUILD_EB), else C(eb) found on E(PATH).
+    type: str
+  run_id:
+    description:
+      - The name of the run (a plain name); by default one made of the time and a random suffix.
+    type: str
+  skip_live_check:
+    description:
+      - Skip the check that the live installs did not change while EasyBuild built; by default a
+        live file that changed during the build refuses the swap.
+    type: bool
+    default: false
+  allow_unrelocated:
+    description:
+      - With O(backend=installpath), publish binaries that still name the build path, with a
+        warning, instead of refusing the swap.
+    type: bool
+    default: false
+  ledger_config:
+    description:
+      - A JSON file with the keys C(path) (the ledger, a JSON Lines file) and C(site) (a label);
+        each module the run publishes is then appended to the ledger as one line, within the
+        publish transaction.
+    type: path
+  rebuild:
+    description:
+      - V(changed) rebuilds only when a module's live install differs from the requested
+        easyconfigs or was built by another EasyBuild version; V(always) rebuilds every time.
+    type: str
+    choices: [changed, always]
+    default: changed
+notes:
+  - EasyBuild's output is not shown while it runs; its step lines come back in RV(progress), and the
+    whole log stays in the run's directory under O(state_root).
+seealso:
+  - module: hpcstack.ops.staged_resume
+  - module: hpcstack.ops.staged_rollback
+"""
+
+EXAMPLES = r"""
+- name: Rebuild TinyApp when its easyconfig or EasyBuild changed
+  hpcstack.ops.staged_rebuild:
+    state_root: /apps/.eb-staged-rebuild
+    installpath: /apps
+    modules:
+      - TinyApp/1.0
+    easyconfigs:
+      - /srv/easyconfigs/TinyApp-1.0.eb
+    eb_args:
+      - --robot
+  register: rebuilt
+
+- name: Rebuild two modules every time, in a user-namespace sandbox
+  hpcstack.ops.staged_rebuild:
+    state_root: /apps/.eb-staged-rebuild
+    installpath_software: /apps/software
+    installpath_modules: /apps/modules
+    modules:
+      - TinyLib/1.0
+      - TinyApp/1.0
+    easyconfigs:
+      - /srv/easyconfigs/TinyLib-1.0.eb
+      - /srv/easyconfigs/TinyApp-1.0.eb
+    backend: userns
+    rebuild: always
+"""
+
+RETURN = r"""
+run_id:
+  description: The run, as M(hpcstack.ops.staged_rollback) and M(hpcstack.ops.staged_info) name it.
+  returned: when a rebuild ran, or in check mode when one would run
+  type: str
+  sample: 20261201T053043Z-89e721
+state:
+  description: V(published) after a rebuild; V(up_to_date) when nothing needed one.
+  returned: success, except in check mode when a rebuild would run
+  type: str
+  sample: published
+backend:
+  description: The backend the build ran in (or would run in).
+  returned: when a rebuild ran, or in check mode when one would run
+  type: str
+  sample: userns
+sandboxed:
+  description: Whether the build ran in a sandbox.
+  returned: when a rebuild ran, or in check mode when one would run
+  type: bool
+  sample: true
+modules:
+  description:
+    - After a rebuild, one entry per module in publish order, with C(module), C(stable_path) (the
+      live directory) and C(retired_path) (where the tree that was live is kept).
+    - In check mode, the modules that would be rebuilt, as C(NAME/VERSION).
+  returned: when a rebuild ran, or in check mode when one would run
+  type: list
+  elements: raw
+  sample:
+    - module: TinyApp/1.0
+      stable_path: /apps/software/TinyApp/1.0
+      retired_path: /apps/software/TinyApp/.1.0.20261201T053043Z-89e721
+up_to_date:
+  description:
+    - With O(rebuild=changed), each module with C(up_to_date) and C(why) (the reason it is or is not).
+  returned: when O(rebuild=changed)
+  type: list
+  elements: dict
+  sample:
+    - module: TinyApp/1.0
+      up_to_date: false
+      why: built by EasyBuild 5.4.1, not by 5.4.2
+journal:
+  description: The run's journal file.
+  returned: when a rebuild ran
+  type: str
+  sample: /apps/.eb-staged-rebuild/runs/20261201T053043Z-89e721/journal.json
+progress:
+  description: EasyBuild's step lines and the tool's notices, in order.
+  returned: success
+  type: list
+  elements: str
+  sample:
+    - "== building and installing TinyApp/1.0..."
+    - "== COMPLETED: Installation ended successfully"
+command:
+  description: The command the build would run.
+  returned: in check mode when a rebuild would run
+  type: list
+  elements: str
+probes:
+  description: What the sandbox probes found on the host (C(bwrap), C(userns), C(auto_backend), ...).
+  returned: in check mode when a rebuild would run
+  type: dict
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import (
+    cli,
+    commands,
+    module_support,
+)
+
+COMMANDS = {"changed": commands.rebuild_if_changed, "always": commands.run_rebuild}
+
+
+def argument_spec():
+    return dict(
+        module_support.common_arguments(),
+        modules={"type": "list", "elements": "str", "required": True},
+        easyconfigs={"type": "list", "elements": "path", "default": []},
+        eb_args={"type": "list", "elements": "str", "default": []},
+        installpath={"type": "path"},
+        installpath_software={"type": "path"},
+        installpath_modules={"type": "path"},
+        backend={"type": "str", "choices": ["auto", "bwrap", "userns", "installpath"], "default": "auto"},
+        eb={"type": "str"},
+        run_id={"type": "str"},
+        skip_live_check={"type": "bool", "default": False},
+        allow_unrelocated={"type": "bool", "default": False},
+        ledger_config={"type": "path"},
+        rebuild={"type": "str", "choices": ["changed", "always"], "default": "changed"},
+    )
+
+
+def request(params, environ):
+    """The core's request from the options; the install paths fall back as EasyBuild's do."""
+    software, modules = commands.live_trees(
+        params["installpath"], params["installpath_software"], params["installpath_modules"], environ
+    )
+    return commands.rebuild_request(
+        software=software,
+        modules=modules,
+        modules_requested=params["modules"],
+        eb=commands.resolve_eb(params["eb"] or environ.get("EB_STAGED_REBUILD_EB") or "eb"),
+        eb_args=params["easyconfigs"] + params["eb_args"],
+        backend=params["backend"],
+        run_id=params["run_id"],
+        skip_live_check=params["skip_live_check"],
+        allow_unrelocated=params["allow_unrelocated"],
+        ledger_config=params["ledger_config"],
+        lock_timeout=params["lock_timeout"],
+    )
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=argument_spec(),
+        mutually_exclusive=[("installpath", "installpath_software"), ("installpath", "installpath_modules")],
+        required_together=[("installpath_software", "installpath_modules")],
+        supports_check_mode=True,
+    )
+    state_root = module_support.state_root(module.params, os.environ)
+    rebuild = COMMANDS[module.params["rebuild"]]
+    # Never printed: the module's stdout is its JSON result.
+    progress = []
+
+    def snapshot():
+        wanted = request(module.params, os.environ)
+        return module_support.live_snapshot(
+            wanted["software"], wanted["modules"], wanted["modules_requested"]
+        )
+
+    result, failure = module_support.run(
+        lambda dry_run: rebuild(
+            request(module.params, os.environ), state_root, progress.append, dict(os.environ), dry_run
+        ),
+        module.check_mode,
+        module._diff,
+        snapshot=snapshot,
+    )
+    if failure is not None:
+        module.fail_json(msg=failure)
+    # The tool's own notices (an unsandboxed build) are warnings, as its --json output shows them.
+    for line in progress:
+        if line.startswith(cli.PROG + ":"):
+            module.warn(line)
+    for warning in result.pop("warnings", []):
+        module.warn(warning)
+    module.exit_json(progress=progress, **result)
+
+
+if __name__ == "__main__":
+    main()

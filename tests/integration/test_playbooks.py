@@ -1,0 +1,165 @@
+"""The playbooks, run by their full names (``ansible-playbook hpcstack.ops.rebuild``) against
+localhost on a live tree built by the real EasyBuild: what they change on disk, what a
+second run reports, and what ``--check --diff`` shows without changing anything.
+
+Each test has its own live tree (``eb_site_factory``, as root) with TinyLib and TinyApp
+installed by plain ``eb`` from one generation of their easyconfigs; the playbooks rebuild
+TinyApp from the next generation, with the userns backend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+import tinypkgs
+from localplay import LocalPlaybooks, Play
+from tests.integration.harness.ebsite import APP, LIB
+from tests.integration.harness.staged import snapshot
+
+
+@pytest.fixture
+def live(eb_site_factory, tmp_path):
+    """A live tree with TinyLib and TinyApp from one easyconfig, a newer one, and a runner."""
+    site = eb_site_factory("root")
+    site.install(site.write_packages("gen1"), tinypkgs.APP)
+    # The same TinyApp from an edited easyconfig, as a site changes one: the rebuild has work.
+    packages = site.write_packages("gen2")
+    easyconfig = packages.easyconfig(*APP.split("/"))
+    easyconfig.write_text(easyconfig.read_text() + "# rebuilt with the site's new compiler flags\n")
+    return Playbooks(site, packages, LocalPlaybooks(tmp_path, site.tool_env(packages)))
+
+
+class Playbooks:
+    """The playbooks on one site's live tree and state root."""
+
+    def __init__(self, site, packages, playbooks: LocalPlaybooks) -> None:
+        self.site, self.packages, self.playbooks = site, packages, playbooks
+
+    def run(self, name: str, *extra: str) -> Play:
+        return self.playbooks.run(
+            name, "-e", "staged_hosts=localhost", "-e", f"staged_state_root={self.site.state_root}", *extra
+        )
+
+    def rebuild(self, *extra: str) -> Play:
+        wanted = {
+            "staged_modules": [APP],
+            "staged_easyconfigs": [str(self.packages.easyconfig(*APP.split("/")))],
+        }
+        return self.run(
+            "rebuild",
+            "-e",
+            f"staged_installpath={self.site.installpath}",
+            "-e",
+            json.dumps(wanted),
+            "-e",
+            "staged_backend=userns",
+            "-e",
+            f"staged_eb={self.site.eb}",
+            *extra,
+        )
+
+
+def _run_id(play: Play) -> str:
+    return re.search(r"by run (\S+) \(previous tree", play.stdout).group(1)
+
+
+def _inode(path: Path) -> int:
+    return os.lstat(path).st_ino
+
+
+def test_rebuild_publishes_a_new_tree_and_a_second_run_changes_nothing(live):
+    live_dir = live.site.live(APP)
+    before = _inode(live_dir)
+
+    first = live.rebuild()
+    second = live.rebuild()
+
+    assert (first.done.returncode, first.failed, first.changed) == (0, 0, 1), first.output
+    assert _inode(live_dir) != before
+    assert f"localhost: {APP} published at {live_dir} by run" in first.stdout
+    assert (second.done.returncode, second.changed) == (0, 0), second.output
+    assert f"localhost: up to date, nothing rebuilt ({APP})" in second.stdout
+
+
+def test_rebuild_always_rebuilds_what_is_up_to_date(live):
+    live.rebuild()
+    published = _inode(live.site.live(APP))
+
+    again = live.rebuild("-e", "staged_rebuild_when=always")
+
+    assert (again.done.returncode, again.changed) == (0, 1), again.output
+    assert _inode(live.site.live(APP)) != published
+
+
+def test_rollback_restores_the_previous_inode_and_a_second_run_changes_nothing(live):
+    before = _inode(live.site.live(APP))
+    run_id = _run_id(live.rebuild())
+
+    first = live.run("rollback", "-e", f"staged_run_id={run_id}")
+    second = live.run("rollback", "-e", f"staged_run_id={run_id}")
+
+    assert (first.done.returncode, first.changed) == (0, 1), first.output
+    assert _inode(live.site.live(APP)) == before
+    assert (second.done.returncode, second.changed) == (0, 0), second.output
+
+
+def test_gc_removes_the_hidden_previous_tree_and_then_has_nothing_to_do(live):
+    run_id = _run_id(live.rebuild())
+    hidden = live.site.software / "TinyApp" / f".1.0.{run_id}"
+    assert hidden.is_dir()
+
+    first = live.run("gc", "-e", "staged_grace_hours=0")
+    second = live.run("gc", "-e", "staged_grace_hours=0")
+
+    assert (first.done.returncode, first.changed) == (0, 1), first.output
+    assert not os.path.lexists(hidden)
+    assert sorted(path.name for path in hidden.parent.iterdir()) == ["1.0"]
+    assert (second.done.returncode, second.changed) == (0, 0), second.output
+
+
+def test_retire_moves_the_module_file_away_and_its_rollback_puts_it_back(live):
+    module_file = live.site.module_file(LIB)
+    content = module_file.read_bytes()
+    retire_vars = ("-e", f"staged_module_file={module_file}", "-e", "staged_reason=replaced by 2.0")
+
+    first = live.run("retire", *retire_vars)
+    second = live.run("retire", *retire_vars)
+    run_id = next(path.parent.name for path in live.site.journals() if path.parent.name.startswith("retire-"))
+    back = live.run("rollback", "-e", f"staged_run_id={run_id}")
+
+    assert (first.done.returncode, first.changed) == (0, 1), first.output
+    assert (second.done.returncode, second.changed) == (0, 0), second.output
+    assert (back.done.returncode, back.changed) == (0, 1), back.output
+    assert module_file.read_bytes() == content
+
+
+def test_check_and_diff_of_each_playbook_show_the_change_and_change_nothing(live):
+    run_id = _run_id(live.rebuild("-e", "staged_rebuild_when=always"))
+    module_file = live.site.module_file(LIB)
+    before = snapshot(live.site.root)
+    live_inode = _inode(live.site.live(APP))
+
+    plays = {
+        "rebuild": live.rebuild("--check", "--diff", "-e", "staged_rebuild_when=always"),
+        "rollback": live.run("rollback", "--check", "--diff", "-e", f"staged_run_id={run_id}"),
+        "retire": live.run(
+            "retire", "--check", "--diff", "-e", f"staged_module_file={module_file}", "-e", "staged_reason=x"
+        ),
+        "gc": live.run("gc", "--check", "--diff", "-e", "staged_grace_hours=0"),
+    }
+
+    assert snapshot(live.site.root) == before
+    for name, play in plays.items():
+        assert (play.done.returncode, play.failed, play.changed) == (0, 0, 1), (name, play.output)
+    for name in ("rebuild", "rollback"):
+        assert f"-# {APP}: {live.site.live(APP)} inode {live_inode}" in plays[name].stdout, plays[name].output
+        assert f"+# {APP}: {live.site.live(APP)} replaced by a new directory" in plays[name].stdout, plays[
+            name
+        ].output
+    assert "+(no module file)" in plays["retire"].stdout
+    assert f"localhost: would rebuild {APP} (check mode)" in plays["rebuild"].stdout

@@ -1,0 +1,220 @@
+"""The commands as functions of plain arguments, what the CLI and the Ansible modules call:
+their dry runs (``would_change``, nothing written), the idempotent retire, the rebuild that
+is skipped when the live install is up to date, and the one-line failure message.
+
+Builds use the test builder ``tests/builders/fake-eb`` (installpath backend), as in test_cli.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import commands, uptodate
+from tests.integration.harness.staged import StagedSite, fake_eb_request, publish_in_process, snapshot
+
+APP = "TinyApp/1.0"
+
+
+@pytest.fixture
+def site(tmp_path):
+    site = StagedSite(installpath=tmp_path / "apps", state_root=tmp_path / "state", package_root=tmp_path)
+    site.install(APP)
+    return site
+
+
+def _request(site, run_id="run1"):
+    return fake_eb_request(site, APP, run_id)
+
+
+def _publish(site, run_id="run1"):
+    return publish_in_process(site, APP, run_id)
+
+
+def _everything(site):
+    return snapshot(site.software, site.modules, site.state_root)
+
+
+def test_a_dry_run_rebuild_would_change_and_writes_nothing(site):
+    before = _everything(site)
+
+    result = commands.run_rebuild(_request(site), str(site.state_root), None, {}, dry_run=True)
+
+    assert (result["dry_run"], result["would_change"], result["changed"]) == (True, True, False)
+    assert _everything(site) == before
+
+
+def test_rebuild_if_changed_skips_a_module_whose_record_matches(site, monkeypatch):
+    monkeypatch.setattr(
+        uptodate, "compare", lambda request: [{"module": APP, "up_to_date": True, "why": "same"}]
+    )
+    before = _everything(site)
+
+    result = commands.rebuild_if_changed(_request(site), str(site.state_root), None, {})
+
+    assert (result["changed"], result["state"]) == (False, "up_to_date")
+    assert _everything(site) == before
+
+
+def test_rebuild_if_changed_still_refuses_a_bad_request_when_up_to_date(site, monkeypatch):
+    monkeypatch.setattr(
+        uptodate, "compare", lambda request: [{"module": APP, "up_to_date": True, "why": "same"}]
+    )
+    request = dict(_request(site), backend="chroot")
+
+    with pytest.raises(errors.UsageError, match="--backend chroot is not one of"):
+        commands.rebuild_if_changed(request, str(site.state_root), None, {})
+
+
+def test_rebuild_if_changed_rebuilds_a_stale_module_and_says_why(site):
+    # The test builder records no EasyBuild log, so the version cannot match: stale.
+    result = commands.rebuild_if_changed(
+        _request(site), str(site.state_root), lambda line: None, dict(os.environ)
+    )
+
+    assert (result["changed"], result["state"]) == (True, "published")
+    assert result["up_to_date"][0]["up_to_date"] is False
+
+
+def test_roll_back_dry_run_says_whether_it_would_change_and_writes_nothing(site):
+    _publish(site)
+    before = _everything(site)
+
+    planned = commands.roll_back(str(site.state_root), "run1", 0.0, dry_run=True)
+
+    assert (planned["would_change"], planned["state"]) == (True, "published")
+    assert _everything(site) == before
+    commands.roll_back(str(site.state_root), "run1", 0.0)
+    assert commands.roll_back(str(site.state_root), "run1", 0.0, dry_run=True)["would_change"] is False
+
+
+def test_retire_of_an_already_retired_file_is_ok_only_when_asked(site):
+    module_file = str(site.module_file(APP))
+    first = commands.retire_module(str(site.state_root), module_file, "moved", already_retired_ok=True)
+    before = _everything(site)
+
+    again = commands.retire_module(str(site.state_root), module_file, "moved", already_retired_ok=True)
+
+    assert first["changed"] is True
+    assert again == dict(first, changed=False)
+    assert _everything(site) == before
+    with pytest.raises(errors.UsageError, match="already retired"):
+        commands.retire_module(str(site.state_root), module_file, "moved")
+
+
+def test_retire_of_a_file_that_was_rolled_back_and_removed_is_refused(site):
+    module_file = str(site.module_file(APP))
+    first = commands.retire_module(str(site.state_root), module_file, "moved")
+    commands.roll_back(str(site.state_root), first["run_id"], 0.0)
+    os.unlink(module_file)
+
+    with pytest.raises(errors.UsageError, match="does not exist"):
+        commands.retire_module(str(site.state_root), module_file, "moved", already_retired_ok=True)
+
+
+def test_retire_dry_run_checks_the_request_and_writes_nothing(site):
+    module_file = str(site.module_file(APP))
+    before = _everything(site)
+
+    planned = commands.retire_module(str(site.state_root), module_file, "moved", dry_run=True)
+
+    assert planned["would_change"] is True
+    assert _everything(site) == before
+    with pytest.raises(errors.UsageError, match="--reason"):
+        commands.retire_module(str(site.state_root), module_file, " ", dry_run=True)
+
+
+def test_gc_dry_run_would_change_only_when_something_is_due(site):
+    _publish(site)
+    before = _everything(site)
+
+    due = commands.collect_garbage(str(site.state_root), 0.0, 0.0, dry_run=True)
+    kept = commands.collect_garbage(str(site.state_root), 1000.0, 0.0, dry_run=True)
+
+    assert (due["would_change"], len(due["removed"])) == (True, 1)
+    assert (kept["would_change"], kept["removed"]) == (False, [])
+    assert _everything(site) == before
+
+
+def test_resume_dry_run_lists_nothing_when_no_run_was_interrupted(site):
+    _publish(site)
+
+    planned = commands.resume_runs(
+        str(site.state_root), None, lock_timeout=0.0, progress=None, env={}, dry_run=True
+    )
+
+    assert (planned["would_change"], planned["interrupted"]) == (False, [])
+
+
+def test_status_reads_a_state_root_without_writing_to_it(site):
+    _publish(site)
+    os.rmdir(site.state_root / "retired")
+    before = _everything(site)
+
+    result = commands.show_status(str(site.state_root))
+
+    assert [run["run_id"] for run in result["runs"]] == ["run1"]
+    assert _everything(site) == before
+
+
+@pytest.mark.parametrize(
+    ("state_root", "lock_timeout", "message"),
+    [
+        (None, 0.0, "no state root"),
+        ("state", -1.0, "lock timeout must be 0 or more seconds"),
+        ("state", math.nan, "lock timeout must be 0 or more seconds"),
+    ],
+)
+def test_a_bad_state_root_or_lock_timeout_is_refused(state_root, lock_timeout, message):
+    with pytest.raises(errors.UsageError, match=message):
+        commands.state_root_path(state_root, lock_timeout)
+
+
+def test_a_state_root_without_runs_is_refused_for_commands_that_need_runs(tmp_path):
+    with pytest.raises(errors.UsageError, match="has no runs"):
+        commands.show_status(str(tmp_path))
+
+
+def test_failure_message_is_one_line_for_core_and_system_errors(tmp_path):
+    missing = tmp_path / "missing"
+
+    with pytest.raises(OSError) as raised:
+        missing.read_text()
+
+    assert commands.failure_message(raised.value) == f"No such file or directory ({missing})"
+    assert commands.failure_message(errors.UsageError("no run x")) == "no run x"
+
+
+def test_roll_back_dry_run_refuses_what_the_rollback_would_refuse(site):
+    _publish(site)
+    commands.collect_garbage(str(site.state_root), 0.0, 0.0)
+    before = _everything(site)
+
+    with pytest.raises(errors.UsageError) as planned:
+        commands.roll_back(str(site.state_root), "run1", 0.0, dry_run=True)
+    with pytest.raises(errors.UsageError) as real:
+        commands.roll_back(str(site.state_root), "run1", 0.0)
+
+    assert str(planned.value) == str(real.value)
+    assert _everything(site) == before
+
+
+@pytest.mark.parametrize("hours", [math.nan, math.inf])
+def test_gc_refuses_a_grace_period_that_is_not_a_finite_number(site, hours):
+    _publish(site)
+
+    with pytest.raises(errors.UsageError, match="--grace-hours must be a finite number of hours"):
+        commands.collect_garbage(str(site.state_root), hours, 0.0)
+
+
+def test_gc_dry_run_writes_nothing_even_where_the_state_root_lacks_its_lock_and_retired_dir(tmp_path):
+    (tmp_path / "state" / "runs").mkdir(parents=True)
+    before = snapshot(tmp_path / "state")
+
+    planned = commands.collect_garbage(str(tmp_path / "state"), 0.0, 0.0, dry_run=True)
+
+    assert (planned["would_change"], planned["removed"]) == (False, [])
+    assert snapshot(tmp_path / "state") == before

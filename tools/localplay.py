@@ -1,0 +1,90 @@
+"""Run the collection's playbooks by their full names against localhost, from this checkout.
+
+``ansible-playbook hpcstack.ops.NAME -i localhost, -c local``, with the checkout linked into a
+collections directory of the caller's and Ansible's own files kept there too, so nothing is
+written into the checkout or the user's ``~/.ansible``. The demo and the playbook tests run
+the playbooks this way.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import checkout
+
+PLAY_TIMEOUT = 900
+RECAP = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+# The venv's Python runs Ansible and, as the interpreter of localhost, its modules.
+BIN = Path(sys.executable).parent
+
+
+class Play:
+    """A finished ``ansible-playbook`` run and the counts of its recap, summed over its hosts.
+
+    A count is None when the run printed no recap (it failed before any play ran).
+    """
+
+    def __init__(self, done: subprocess.CompletedProcess) -> None:
+        self.done = done
+        self.recap = {
+            host: tuple(int(count) for count in counts) for host, *counts in RECAP.findall(done.stdout)
+        }
+        totals = [sum(column) for column in zip(*self.recap.values())] if self.recap else [None] * 4
+        self.ok, self.changed, self.unreachable, self.failed = totals
+
+    @property
+    def stdout(self) -> str:
+        return self.done.stdout
+
+    @property
+    def output(self) -> str:
+        return self.done.stdout + self.done.stderr
+
+
+class LocalPlaybooks:
+    """The playbooks, run on localhost with ``base_env`` and Ansible's files under ``scratch``."""
+
+    def __init__(self, scratch: Path, base_env: dict) -> None:
+        self.collections = checkout.link_collection(scratch / "collections")
+        self.home = scratch / "ansible-home"
+        self.base_env = base_env
+
+    def env(self) -> dict:
+        return dict(
+            self.base_env,
+            PATH=f"{BIN}:{self.base_env.get('PATH', '/usr/bin:/bin')}",
+            ANSIBLE_COLLECTIONS_PATH=str(self.collections),
+            ANSIBLE_HOME=str(self.home),
+            ANSIBLE_LOCAL_TEMP=str(self.home / "tmp"),
+            ANSIBLE_REMOTE_TEMP=str(self.home / "remote-tmp"),
+            ANSIBLE_NOCOLOR="1",
+        )
+
+    def argv(self, name: str, *extra: str, inventory: str = "localhost,") -> list:
+        return [
+            str(BIN / "ansible-playbook"),
+            f"hpcstack.ops.{name}",
+            "-i",
+            inventory,
+            "-c",
+            "local",
+            "-e",
+            f"ansible_python_interpreter={sys.executable}",
+            *extra,
+        ]
+
+    def run(self, name: str, *extra: str, inventory: str = "localhost,") -> Play:
+        """``ansible-playbook hpcstack.ops.NAME EXTRA``; every host of ``inventory`` is this machine."""
+        done = subprocess.run(
+            self.argv(name, *extra, inventory=inventory),
+            env=self.env(),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=PLAY_TIMEOUT,
+            check=False,
+        )
+        return Play(done)
