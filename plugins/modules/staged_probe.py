@@ -121,13 +121,32 @@ lock:
       inside the lock, and RV(lock.overlaps) lists what it found there.
   returned: when O(lock_contention) is true
   type: dict
-  sample:
-    host: build1
-    probe_id: 20261201T060000Z
-    participants: 2
-    rounds: 20
-    overlaps: []
-    coherent: true
+  contains:
+    host:
+      description: This host's name in the probe.
+      type: str
+      sample: build1
+    probe_id:
+      description: The probe's name, shared by its participants.
+      type: str
+      sample: probe-20261201T060000123456789
+    participants:
+      description: How many hosts took part.
+      type: int
+      sample: 2
+    rounds:
+      description: How often this host took the lock.
+      type: int
+      sample: 20
+    overlaps:
+      description: What this host found inside the lock instead of nothing or its own name.
+      type: list
+      elements: str
+      sample: []
+    coherent:
+      description: Whether this host never found another inside the lock with it.
+      type: bool
+      sample: true
 """
 
 import os
