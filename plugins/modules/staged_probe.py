@@ -12,7 +12,8 @@ description:
   - Probes a directory on the target host, normally the live software tree, as
     C(eb-staged-rebuild probe) does, namely whether the directory exchange works there (else
     publishing falls back to three renames), which sandbox backends work for this user, which one
-    O(hpcstack.ops.staged_rebuild#module:backend=auto) picks, the EasyBuild version, and a recommendation for each finding that needs one.
+    O(hpcstack.ops.staged_rebuild#module:backend=auto) picks, the EasyBuild version, and a
+    recommendation for each finding that needs one.
   - With O(lock_contention), the hosts of a play that share one state root contend for its lock at
     the same time and each reports whether it ever found another host inside the lock. flock
     reaches only one kernel; the POSIX lock on the sidecar must reach the other nodes through the

@@ -183,8 +183,10 @@ class SlurmGuard:
         subshell), as a script that restores a saved login environment would.
         """
         task = f"{shlex.quote(str(work / 'task.sh'))} {shlex.quote(str(work))}"
-        # Absolute: with --export=NONE the batch script has no PATH of the user's.
-        srun = f"{shlex.quote(shutil.which('srun') or 'srun')} --overcommit -n4 --label {task}"
+        # Absolute: with --export=NONE the batch script has no PATH of the user's. --quiet: the
+        # job's output file also takes srun's stderr, where a step that waits for the previous
+        # one's cleanup says "step creation temporarily disabled, retrying".
+        srun = f"{shlex.quote(shutil.which('srun') or 'srun')} --quiet --overcommit -n4 --label {task}"
         if relogin is not None:
             srun = f"( . {shlex.quote(str(relogin))} && {srun} )"
         lines = ["#!/bin/bash", task]
