@@ -74,7 +74,7 @@ def run(env: dict, demo: Path, state_root: Path, easyconfig: Path) -> int:
         for line in _summary(published):
             say(line)
         say(f"{live}: inode {before} -> {live.stat().st_ino}")
-        run_id = re.search(r"by run (\S+) \(previous tree", published.stdout).group(1)
+        run_id = published.published_run_id()
         for attempt in ("", " (again)"):
             play = playbooks.run("rollback", *common, "-e", f"staged_run_id={run_id}")
             if not report(f"ansible-playbook hpcstack.ops.rollback -e staged_run_id={run_id}{attempt}", play):

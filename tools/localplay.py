@@ -43,6 +43,10 @@ class Play:
     def output(self) -> str:
         return self.done.stdout + self.done.stderr
 
+    def published_run_id(self) -> str:
+        """The run id the rebuild playbook's report names for what it published."""
+        return re.search(r"by run (\S+) \(previous tree", self.stdout).group(1)
+
 
 class LocalPlaybooks:
     """The playbooks, run on localhost with ``base_env`` and Ansible's files under ``scratch``."""

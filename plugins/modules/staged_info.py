@@ -122,7 +122,6 @@ probe:
 """
 
 import os
-import shutil
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback
 
@@ -147,7 +146,7 @@ def main():
     )
     state_root = module_support.state_root(module.params, os.environ)
     probe_path = module.params["probe_path"]
-    eb = module.params["eb"] or shutil.which("eb") or "eb"
+    eb = commands.resolve_eb(module.params["eb"] or "eb")
 
     def read_state(dry_run):
         # Reads only, so the same in check mode; the probe's scratch directory is removed.

@@ -151,7 +151,6 @@ lock:
 """
 
 import os
-import shutil
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback
 
@@ -188,7 +187,7 @@ def main():
         }
     result, failure = module_support.run(
         lambda dry_run: commands.probe_host(
-            params["path"], params["eb"] or shutil.which("eb") or "eb", contention
+            params["path"], commands.resolve_eb(params["eb"] or "eb"), contention
         ),
         module.check_mode,
     )

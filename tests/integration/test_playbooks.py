@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 import pytest
@@ -64,10 +63,6 @@ class Playbooks:
         )
 
 
-def _run_id(play: Play) -> str:
-    return re.search(r"by run (\S+) \(previous tree", play.stdout).group(1)
-
-
 def _inode(path: Path) -> int:
     return os.lstat(path).st_ino
 
@@ -98,7 +93,7 @@ def test_rebuild_always_rebuilds_what_is_up_to_date(live):
 
 def test_rollback_restores_the_previous_inode_and_a_second_run_changes_nothing(live):
     before = _inode(live.site.live(APP))
-    run_id = _run_id(live.rebuild())
+    run_id = live.rebuild().published_run_id()
 
     first = live.run("rollback", "-e", f"staged_run_id={run_id}")
     second = live.run("rollback", "-e", f"staged_run_id={run_id}")
@@ -109,7 +104,7 @@ def test_rollback_restores_the_previous_inode_and_a_second_run_changes_nothing(l
 
 
 def test_gc_removes_the_hidden_previous_tree_and_then_has_nothing_to_do(live):
-    run_id = _run_id(live.rebuild())
+    run_id = live.rebuild().published_run_id()
     hidden = live.site.software / "TinyApp" / f".1.0.{run_id}"
     assert hidden.is_dir()
 
@@ -139,7 +134,7 @@ def test_retire_moves_the_module_file_away_and_its_rollback_puts_it_back(live):
 
 
 def test_check_and_diff_of_each_playbook_show_the_change_and_change_nothing(live):
-    run_id = _run_id(live.rebuild("-e", "staged_rebuild_when=always"))
+    run_id = live.rebuild("-e", "staged_rebuild_when=always").published_run_id()
     module_file = live.site.module_file(LIB)
     before = snapshot(live.site.root)
     live_inode = _inode(live.site.live(APP))
