@@ -68,9 +68,10 @@ class LocalPlaybooks:
         )
 
     def argv(self, name: str, *extra: str, inventory: str = "localhost,") -> list:
+        """``name`` is one of the collection's playbooks, or a playbook file (``*.yml``)."""
         return [
             str(BIN / "ansible-playbook"),
-            f"hpcstack.ops.{name}",
+            name if name.endswith(".yml") else f"hpcstack.ops.{name}",
             "-i",
             inventory,
             "-c",
@@ -81,7 +82,8 @@ class LocalPlaybooks:
         ]
 
     def run(self, name: str, *extra: str, inventory: str = "localhost,") -> Play:
-        """``ansible-playbook hpcstack.ops.NAME EXTRA``; every host of ``inventory`` is this machine."""
+        """``ansible-playbook hpcstack.ops.NAME EXTRA`` (or a playbook file); every host of
+        ``inventory`` is this machine."""
         done = subprocess.run(
             self.argv(name, *extra, inventory=inventory),
             env=self.env(),

@@ -103,6 +103,11 @@ interrupted:
     - run_id: 20261201T053043Z-89e721
       state: publishing
       why: "interrupted: 'eb-staged-rebuild resume'"
+grace_hours:
+  description: The grace period, in hours, that this run applied.
+  returned: success
+  type: float
+  sample: 144.0
 dry_run:
   description: Whether nothing was removed because the module ran in check mode.
   returned: success

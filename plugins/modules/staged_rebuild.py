@@ -76,9 +76,10 @@ options:
       - How EasyBuild is run. V(bwrap) and V(userns) build in a sandbox in which the live paths
         are where the build writes; V(installpath) builds unsandboxed into a separate directory
         and rewrites the paths afterwards; V(auto) takes the first of them that works on the host.
+      - When not given, the target host's E(EB_STAGED_REBUILD_BACKEND) (the build_host role sets
+        it in the installed command), else V(auto).
     type: str
     choices: [auto, bwrap, userns, installpath]
-    default: auto
   eb:
     description:
       - The EasyBuild command.
@@ -221,6 +222,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import (
+    backends,
     cli,
     commands,
     module_support,
@@ -238,7 +240,7 @@ def argument_spec():
         installpath={"type": "path"},
         installpath_software={"type": "path"},
         installpath_modules={"type": "path"},
-        backend={"type": "str", "choices": ["auto", "bwrap", "userns", "installpath"], "default": "auto"},
+        backend={"type": "str", "choices": list(backends.BACKENDS)},
         eb={"type": "str"},
         run_id={"type": "str"},
         skip_live_check={"type": "bool", "default": False},
@@ -259,7 +261,7 @@ def request(params, environ):
         modules_requested=params["modules"],
         eb=commands.resolve_eb(params["eb"] or environ.get("EB_STAGED_REBUILD_EB") or "eb"),
         eb_args=params["easyconfigs"] + params["eb_args"],
-        backend=params["backend"],
+        backend=backends.requested(params["backend"], environ),
         run_id=params["run_id"],
         skip_live_check=params["skip_live_check"],
         allow_unrelocated=params["allow_unrelocated"],

@@ -127,3 +127,24 @@ def test_ansible_doc_lists_every_module_of_the_collection(ansible_doc):
     assert done.returncode == 0, done.stderr
     listed = sorted(line.split()[0] for line in done.stdout.splitlines() if line.strip())
     assert listed == [f"{COLLECTION}.{name}" for name in MODULES]
+
+
+ROLES_DIR = checkout.REPO / "roles"
+ROLES = sorted(path.parent.parent.name for path in ROLES_DIR.glob("*/meta/argument_specs.yml"))
+
+
+@pytest.mark.parametrize("name", ROLES)
+def test_ansible_doc_renders_each_role_s_variables(ansible_doc, name):
+    spec_file = ROLES_DIR / name / "meta" / "argument_specs.yml"
+    spec = yaml.safe_load(spec_file.read_text(encoding="utf-8"))["argument_specs"]["main"]
+
+    done = ansible_doc("-t", "role", "--json", f"{COLLECTION}.{name}")
+
+    assert done.returncode == 0, done.stderr
+    entry = json.loads(done.stdout)[f"{COLLECTION}.{name}"]["entry_points"]["main"]
+    assert entry["short_description"] == spec["short_description"]
+    assert entry["options"].keys() == spec["options"].keys()
+
+
+def test_the_roles_directory_holds_the_roles_this_test_covers():
+    assert "build_host" in ROLES

@@ -25,6 +25,8 @@ from ..common import errors
 from . import bwrapinfo, easybuild, sandbox
 
 BACKENDS = ("auto", "bwrap", "userns", "installpath")
+# The site's choice when a run names none (the build_host role writes it into the command).
+BACKEND_VARIABLE = "EB_STAGED_REBUILD_BACKEND"
 SANDBOXED = ("bwrap", "userns")  # also the order in which auto tries them
 UNSANDBOXED = (
     "eb-staged-rebuild: backend installpath: EasyBuild runs WITHOUT a sandbox; "
@@ -72,6 +74,16 @@ _REFUSALS = {
     "userns": "--backend userns: this user cannot make a user and mount namespace "
     "(user.max_user_namespaces, or a policy); eb-staged-rebuild probe --path DIR tells what works",
 }
+
+
+def requested(explicit, environ):
+    """The backend a run asks for: ``explicit``, else $EB_STAGED_REBUILD_BACKEND, else ``auto``."""
+    if explicit:
+        return explicit
+    chosen = environ.get(BACKEND_VARIABLE) or "auto"
+    if chosen not in BACKENDS:
+        raise errors.UsageError(f"{BACKEND_VARIABLE}={chosen!r} is not one of {', '.join(BACKENDS)}")
+    return chosen
 
 
 def select(requested, probed=None):

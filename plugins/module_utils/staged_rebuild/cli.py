@@ -19,7 +19,7 @@ import shutil
 import sys
 
 from ..common import errors
-from . import commands, probe
+from . import backends, commands, probe
 from . import gc as gc_module
 
 PROG = "eb-staged-rebuild"
@@ -80,8 +80,8 @@ def build_parser():
     build.add_argument("--module", action="append", default=[], metavar="NAME/VERSION", dest="modules")
     build.add_argument(
         "--backend",
-        default="auto",
-        help="bwrap, userns, installpath (unsandboxed), or auto: the first of them that works here",
+        help="bwrap, userns, installpath (unsandboxed), or auto: the first of them that works here "
+        "(default: $EB_STAGED_REBUILD_BACKEND, else auto)",
     )
     build.add_argument(
         "--allow-unrelocated",
@@ -140,7 +140,7 @@ def _request(args):
         modules_requested=args.modules,
         eb=commands.resolve_eb(args.eb),
         eb_args=args.eb_args[1:] if args.eb_args[:1] == ["--"] else args.eb_args,
-        backend=args.backend,
+        backend=backends.requested(args.backend, os.environ),
         run_id=args.run_id,
         skip_live_check=args.skip_live_check,
         allow_unrelocated=args.allow_unrelocated,

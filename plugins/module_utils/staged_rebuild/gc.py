@@ -123,5 +123,7 @@ def gc(state_root, grace_hours=DEFAULT_GRACE_HOURS, dry_run=False, now=None):
     for journal in runs:
         if journal.data["kind"] == "retire" and journal.state == "retired":
             _report_retired(journal, roots, now, grace, report)
-    report.update({"changed": bool(report["removed"]) and not dry_run, "dry_run": dry_run})
+    report.update(
+        {"changed": bool(report["removed"]) and not dry_run, "dry_run": dry_run, "grace_hours": grace_hours}
+    )
     return report

@@ -97,6 +97,7 @@ def test_the_default_grace_period_keeps_a_fresh_previous_tree(capsys, published)
     assert "failed" not in result
     assert result["changed"] is False
     assert result["kept"] == [{"path": str(_sibling(published)), "run_id": RUN, "why": "grace period"}]
+    assert result["grace_hours"] == 144.0
     assert disk(published) == before
 
 
@@ -107,6 +108,7 @@ def test_the_grace_period_can_come_from_the_hosts_environment(capsys, published,
 
     assert "failed" not in result
     assert result["removed"] == [{"path": str(_sibling(published)), "run_id": RUN}]
+    assert result["grace_hours"] == 0.0
 
 
 def test_the_grace_hours_option_beats_the_hosts_environment(capsys, published, monkeypatch):

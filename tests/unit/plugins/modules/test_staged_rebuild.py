@@ -123,6 +123,7 @@ def live(empty_site, tmp_path, monkeypatch) -> Live:
     easyconfig.write_bytes((site.live(APP) / "easybuild" / "TinyApp-1.0.eb").read_bytes())
     calls_log = tmp_path / "eb-calls.jsonl"
     monkeypatch.setenv("FAKE_EB_ARGS_LOG", str(calls_log))
+    monkeypatch.delenv("EB_STAGED_REBUILD_BACKEND", raising=False)
     return Live(site=site, eb=eb, easyconfig=easyconfig, calls_log=calls_log)
 
 
@@ -328,6 +329,31 @@ def test_eb_and_the_state_root_default_to_the_host_s_variables(live, capsys, mon
     assert result["state"] == "published"
     assert Path(result["journal"]).parent.parent == live.site.state_root / "runs"
     assert len(live.builds()) == 1
+
+
+def test_the_backend_defaults_to_the_host_s_eb_staged_rebuild_backend(live, capsys, monkeypatch):
+    monkeypatch.setenv("EB_STAGED_REBUILD_BACKEND", "installpath")
+    args = live.args(rebuild="always")
+    del args["backend"]
+
+    result = run_staged_rebuild(capsys, args, check_mode=True)
+
+    assert (result["backend"], result["sandboxed"]) == ("installpath", False)
+
+
+def test_a_bad_eb_staged_rebuild_backend_fails_with_one_line_and_changes_nothing(live, capsys, monkeypatch):
+    monkeypatch.setenv("EB_STAGED_REBUILD_BACKEND", "chroot")
+    before = live.trees()
+    args = live.args(rebuild="always")
+    del args["backend"]
+
+    result = run_staged_rebuild(capsys, args)
+
+    assert_failed_with(
+        result, "EB_STAGED_REBUILD_BACKEND='chroot' is not one of auto, bwrap, userns, installpath"
+    )
+    assert (live.builds(), live.trees()) == ([], before)
+    assert not live.site.state_root.exists()
 
 
 def test_eb_defaults_to_eb_on_path(live, capsys, monkeypatch, tmp_path):

@@ -25,7 +25,12 @@ PROG = "eb-staged-rebuild: "
 @pytest.fixture
 def site(tmp_path, monkeypatch):
     # The parser takes defaults from the environment; none may leak in from the caller's.
-    for name in ("EB_STAGED_REBUILD_STATE_ROOT", "EB_STAGED_REBUILD_EB", "EB_STAGED_REBUILD_GRACE_HOURS"):
+    for name in (
+        "EB_STAGED_REBUILD_STATE_ROOT",
+        "EB_STAGED_REBUILD_EB",
+        "EB_STAGED_REBUILD_GRACE_HOURS",
+        "EB_STAGED_REBUILD_BACKEND",
+    ):
         monkeypatch.delenv(name, raising=False)
     return StagedSite(installpath=tmp_path / "apps", state_root=tmp_path / "state", package_root=tmp_path)
 
@@ -113,7 +118,7 @@ def test_text_output_of_gc_names_each_list_and_the_change(site, capsys):
 
     assert code == 0
     assert capsys.readouterr().out == (
-        "removed:\nkept:\nmanual:\ninterrupted:\nchanged: False\ndry_run: False\n"
+        "removed:\nkept:\nmanual:\ninterrupted:\nchanged: False\ndry_run: False\ngrace_hours: 144.0\n"
     )
 
 
@@ -221,6 +226,26 @@ def test_an_os_error_is_one_line_naming_the_path_and_exit_2(site, capsys):
 
     assert code == 2
     assert _one_line_error(capsys.readouterr()) == f"File exists ({site.state_root}/retired)"
+
+
+GRACE_CASES = {
+    "the default": (None, [], 144.0),
+    "the variable": ("48", [], 48.0),
+    "the option over the variable": ("48", ["--grace-hours", "2.5"], 2.5),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GRACE_CASES))
+def test_gc_reports_the_grace_period_it_applied(site, capsys, monkeypatch, case):
+    variable, option, applied = GRACE_CASES[case]
+    (site.state_root / "runs").mkdir(parents=True)
+    if variable is not None:
+        monkeypatch.setenv("EB_STAGED_REBUILD_GRACE_HOURS", variable)
+
+    code = _main(site, "--json", "gc", "--dry-run", *option)
+
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["grace_hours"] == applied
 
 
 def test_a_bad_environment_number_is_one_line_and_exit_2(site, capsys, monkeypatch):
@@ -393,6 +418,47 @@ def test_dry_run_prints_the_exact_command_and_writes_nothing(installed, capsys, 
     assert not installed.state_root.exists()
     assert not (installed.software / ".eb-staged-rebuild").exists()
     assert installed.snapshot() == before
+    assert _eb_calls(tmp_path) == []
+
+
+def _without_backend(args):
+    return [arg for arg in args if not arg.startswith("--backend")]
+
+
+def test_the_backend_comes_from_eb_staged_rebuild_backend_when_no_option_names_one(
+    installed, capsys, monkeypatch
+):
+    monkeypatch.setenv("EB_STAGED_REBUILD_BACKEND", "installpath")
+
+    code = _main(installed, "--json", *_without_backend(_rebuild_args(installed, "--dry-run")))
+
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["backend"] == "installpath"
+
+
+def test_the_backend_option_beats_eb_staged_rebuild_backend(installed, capsys, monkeypatch):
+    monkeypatch.setenv("EB_STAGED_REBUILD_BACKEND", "bwrap")
+
+    code = _main(installed, "--json", *_rebuild_args(installed, "--dry-run"))
+
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["backend"] == "installpath"
+
+
+def test_a_bad_eb_staged_rebuild_backend_is_one_line_and_writes_nothing(
+    installed, capsys, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("EB_STAGED_REBUILD_BACKEND", "chroot")
+    before = installed.snapshot()
+
+    code = _main(installed, *_without_backend(_rebuild_args(installed)))
+
+    assert code == 2
+    assert _one_line_error(capsys.readouterr()) == (
+        "EB_STAGED_REBUILD_BACKEND='chroot' is not one of auto, bwrap, userns, installpath"
+    )
+    assert installed.snapshot() == before
+    assert not installed.state_root.exists()
     assert _eb_calls(tmp_path) == []
 
 

@@ -396,6 +396,7 @@ def test_a_state_root_without_runs_reports_nothing(site):
         "interrupted": [],
         "changed": False,
         "dry_run": False,
+        "grace_hours": gc.DEFAULT_GRACE_HOURS,
     }
 
 
