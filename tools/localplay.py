@@ -49,10 +49,11 @@ class Play:
 
 
 class LocalPlaybooks:
-    """The playbooks, run on localhost with ``base_env`` and Ansible's files under ``scratch``."""
+    """The playbooks, run on localhost with ``base_env`` and Ansible's files under ``scratch``;
+    the collection is ``repo`` (this checkout, or a copy a test changes)."""
 
-    def __init__(self, scratch: Path, base_env: dict) -> None:
-        self.collections = checkout.link_collection(scratch / "collections")
+    def __init__(self, scratch: Path, base_env: dict, repo: Path = checkout.REPO) -> None:
+        self.collections = checkout.link_collection(scratch / "collections", repo)
         self.home = scratch / "ansible-home"
         self.base_env = base_env
 

@@ -3,8 +3,9 @@
 Each refusal is one failed task whose message says what is wrong and what to set, and it
 comes before the role writes anything: the command's directory, the command and the state
 root are not created. Check mode on a new host reports what it would change and writes
-nothing either. (The run that installs for real, and its second run, are the molecule
-scenario's: test_molecule_build_host.py.)
+nothing either. A new release of the collection's core is installed again on the next run,
+and the run after that changes nothing. (The first install, its second run and what the
+installed command does are the molecule scenario's: test_molecule_build_host.py.)
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 
 import pytest
 
+import checkout
 import pythons
 from localplay import LocalPlaybooks
 
@@ -28,13 +30,15 @@ PLAYBOOK = """\
 class Host:
     """A temporary root with a live tree, and the role's directories inside it."""
 
-    def __init__(self, root):
+    def __init__(self, root, collection=checkout.REPO):
         self.root = root
         self.apps = root / "apps"
         (self.apps / "software").mkdir(parents=True)
         self.playbook = root / "play.yml"
         self.playbook.write_text(PLAYBOOK)
-        self.playbooks = LocalPlaybooks(root / "ansible", {"PATH": "/usr/local/bin:/usr/bin:/bin"})
+        # HOME for pip's cache, which .venv's install of the same EasyBuild filled.
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
+        self.playbooks = LocalPlaybooks(root / "ansible", env, collection)
 
     def variables(self, **overrides) -> dict:
         variables = {
@@ -140,3 +144,37 @@ def test_check_mode_on_a_new_host_reports_changes_and_writes_nothing(host):
     assert (play.done.returncode, play.failed) == (0, 0), play.output
     assert play.changed > 0
     assert host.written() == []
+
+
+def test_a_build_account_that_does_not_exist_is_refused(host):
+    play = host.run(build_host_build_user="no-such-account")
+
+    _refused(play, "the build account no-such-account (group root) does not exist on this host")
+    assert host.written() == []
+
+
+def _task_changed(play, task):
+    """Whether the task named ``task`` reported a change in ``play``."""
+    section = play.stdout.split(f"TASK [hpcstack.ops.build_host : {task}]", 1)
+    assert len(section) == 2, f"task {task!r} did not run:\n{play.stdout}"
+    return section[1].split("\nTASK [", 1)[0].lstrip("* \n").startswith("changed:")
+
+
+def test_a_new_release_of_the_core_is_installed_on_the_next_run(tmp_path):
+    collection = checkout.copy_to(tmp_path / "collection")
+    host = Host(tmp_path / "host", collection)
+    first = host.run()
+    assert (first.done.returncode, first.failed) == (0, 0), first.output
+    cli = collection / "plugins" / "module_utils" / "staged_rebuild" / "cli.py"
+    cli.write_text(cli.read_text() + "# a later release\n")
+
+    second = host.run()
+    third = host.run()
+
+    assert (second.done.returncode, second.failed) == (0, 0), second.output
+    assert _task_changed(second, "Install the core with pip")
+    [installed] = (host.root / "opt" / "venv").glob(
+        "lib/python3*/site-packages/hpcstack_ops/staged_rebuild/cli.py"
+    )
+    assert installed.read_text().endswith("# a later release\n")
+    assert (third.done.returncode, third.changed) == (0, 0), third.output
