@@ -10,6 +10,7 @@ live trees that diff mode shows before and after.
 from __future__ import annotations
 
 import os
+import re
 import stat
 
 from . import commands, paths
@@ -22,6 +23,27 @@ NOT_A_FILE = "(not a regular file)\n"
 # Check mode's diff: the live directory would be another one, whose inode is not known yet.
 REPLACED = "replaced"
 _IDENTITY = {None: "absent", REPLACED: "replaced by a new directory"}
+# The core words its refusals for the command line; a module's user knows its options instead.
+# EasyBuild's own options (--rebuild, --try-*) and the command's --prepare, which the modules
+# do not offer, keep their names.
+OPTION_NAMES = {
+    "--state-root": "state_root",
+    "--lock-timeout": "lock_timeout",
+    "--installpath": "installpath",
+    "--installpath-software": "installpath_software",
+    "--installpath-modules": "installpath_modules",
+    "--module": "module",
+    "--backend": "backend",
+    "--eb": "eb",
+    "--run-id": "run_id",
+    "--skip-live-check": "skip_live_check",
+    "--allow-unrelocated": "allow_unrelocated",
+    "--ledger-config": "ledger_config",
+    "--grace-hours": "grace_hours",
+    "--reason": "reason",
+    "--path": "path",
+}
+_OPTION = re.compile(r"(?<![\w-])--[a-z][a-z-]*")
 
 
 def common_arguments() -> dict:
@@ -51,8 +73,13 @@ def run(call, check_mode, diff_mode=False, snapshot=None):
             after = _predicted(before, result["changed"]) if check_mode else snapshot()
             result["diff"] = {"before": render(before), "after": render(after)}
     except commands.FAILURES as err:
-        return None, commands.failure_message(err)
+        return None, in_option_names(commands.failure_message(err))
     return result, None
+
+
+def in_option_names(message) -> str:
+    """``message`` with the command's options named as the modules' options."""
+    return _OPTION.sub(lambda found: OPTION_NAMES.get(found.group(0), found.group(0)), message)
 
 
 def _predicted(before, changes) -> dict:

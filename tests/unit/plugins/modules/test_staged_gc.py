@@ -189,7 +189,7 @@ def test_no_state_root_and_no_variable_fails(capsys, published):
 
     result = _gc(capsys, published, state_root=None)
 
-    assert_failed_with(result, "no state root: give --state-root DIR or set EB_STAGED_REBUILD_STATE_ROOT")
+    assert_failed_with(result, "no state root: give state_root DIR or set EB_STAGED_REBUILD_STATE_ROOT")
     assert disk(published) == before
 
 
@@ -207,7 +207,7 @@ def test_negative_grace_hours_fail(capsys, published):
 
     result = _gc(capsys, published, grace_hours=-1)
 
-    assert_failed_with(result, "--grace-hours must not be negative")
+    assert_failed_with(result, "grace_hours must not be negative")
     assert disk(published) == before
 
 
@@ -251,5 +251,5 @@ def test_a_negative_lock_timeout_fails(capsys, published):
 
     result = _gc(capsys, published, lock_timeout=-1)
 
-    assert_failed_with(result, "lock timeout must be 0 or more seconds (--lock-timeout), not -1.0")
+    assert_failed_with(result, "lock timeout must be 0 or more seconds (lock_timeout), not -1.0")
     assert disk(published) == before

@@ -203,7 +203,7 @@ def test_an_eb_that_does_not_run_is_reported_not_failed(capsys, runs, tmp_path):
 def test_no_state_root_and_no_variable_fails(capsys, runs):
     result = _info(capsys, runs, state_root=None)
 
-    assert_failed_with(result, "no state root: give --state-root DIR or set EB_STAGED_REBUILD_STATE_ROOT")
+    assert_failed_with(result, "no state root: give state_root DIR or set EB_STAGED_REBUILD_STATE_ROOT")
 
 
 def test_a_state_root_without_runs_fails(capsys, site):
@@ -256,6 +256,6 @@ def test_a_probe_path_that_is_not_a_directory_fails(capsys, runs, tmp_path):
 
     result = _info(capsys, runs, probe_path=str(missing), eb=str(_eb(tmp_path)))
 
-    assert_failed_with(result, f"probe --path {missing}: not a directory")
+    assert_failed_with(result, f"probe path {missing}: not a directory")
     assert disk(runs) == before
     assert not missing.exists()

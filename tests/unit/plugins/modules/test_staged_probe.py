@@ -73,7 +73,7 @@ def test_lock_contention_needs_a_state_root(capsys, tmp_path, monkeypatch):
 def test_a_path_that_is_not_a_directory_fails_with_the_core_line(capsys, tmp_path):
     result = run_module(capsys, staged_probe, {"path": str(tmp_path / "missing"), "eb": "eb"})
 
-    assert_failed_with(result, f"probe --path {tmp_path / 'missing'}: not a directory")
+    assert_failed_with(result, f"probe path {tmp_path / 'missing'}: not a directory")
 
 
 def test_a_state_root_that_does_not_exist_fails_with_the_core_line(capsys, tmp_path):

@@ -394,7 +394,7 @@ def test_an_unrelocated_binary_is_refused(live, capsys, monkeypatch):
 
     assert result["failed"] is True
     assert result["msg"].startswith("binaries still name the build path ")
-    assert result["msg"].endswith("(--allow-unrelocated publishes them as they are)")
+    assert result["msg"].endswith("(allow_unrelocated publishes them as they are)")
     assert "\n" not in result["msg"]
     assert live.trees() == before
 
@@ -416,19 +416,19 @@ def test_allow_unrelocated_publishes_with_the_warning(live, capsys, monkeypatch)
 REFUSALS = {
     "no module": (
         lambda live, tmp_path: {"modules": []},
-        "rebuild needs at least one --module NAME/VERSION",
+        "rebuild needs at least one module NAME/VERSION",
     ),
     "bad NAME/VERSION": (
         lambda live, tmp_path: {"modules": ["TinyApp"]},
-        "--module 'TinyApp' is not NAME/VERSION of plain names (no '..', no '/', no leading '.')",
+        "module 'TinyApp' is not NAME/VERSION of plain names (no '..', no '/', no leading '.')",
     ),
     "a path as NAME/VERSION": (
         lambda live, tmp_path: {"modules": ["../1.0"]},
-        "--module '../1.0' is not NAME/VERSION of plain names (no '..', no '/', no leading '.')",
+        "module '../1.0' is not NAME/VERSION of plain names (no '..', no '/', no leading '.')",
     ),
     "module given twice": (
         lambda live, tmp_path: {"modules": [APP, APP], "rebuild": "always"},
-        "--module TinyApp/1.0 is given twice",
+        "module TinyApp/1.0 is given twice",
     ),
     "bad run id": (
         lambda live, tmp_path: {"run_id": "../x", "rebuild": "always"},
@@ -453,15 +453,15 @@ REFUSALS = {
     ),
     "missing eb": (
         lambda live, tmp_path: {"eb": str(tmp_path / "no-such-eb")},
-        "EasyBuild command {tmp_path}/no-such-eb is not an executable file (--eb, EB_STAGED_REBUILD_EB)",
+        "EasyBuild command {tmp_path}/no-such-eb is not an executable file (eb, EB_STAGED_REBUILD_EB)",
     ),
     "missing state root": (
         lambda live, tmp_path: {"state_root": None, "rebuild": "always"},  # None: left out
-        "no state root: give --state-root DIR or set EB_STAGED_REBUILD_STATE_ROOT",
+        "no state root: give state_root DIR or set EB_STAGED_REBUILD_STATE_ROOT",
     ),
     "missing ledger config": (
         lambda live, tmp_path: {"ledger_config": str(tmp_path / "no-ledger.json"), "rebuild": "always"},
-        "cannot read --ledger-config {tmp_path}/no-ledger.json: No such file or directory",
+        "cannot read ledger_config {tmp_path}/no-ledger.json: No such file or directory",
     ),
 }
 
@@ -502,7 +502,7 @@ def test_no_install_path_anywhere_is_refused(live, capsys):
     result = run_staged_rebuild(capsys, args)
 
     assert_failed_with(
-        result, "no install path for software: give --installpath DIR (or set EASYBUILD_INSTALLPATH)"
+        result, "no install path for software: give installpath DIR (or set EASYBUILD_INSTALLPATH)"
     )
 
 
@@ -515,7 +515,7 @@ def test_eb_missing_from_path_is_refused(live, capsys, monkeypatch, tmp_path):
 
     result = run_staged_rebuild(capsys, args)
 
-    assert_failed_with(result, "EasyBuild command eb is not an executable file (--eb, EB_STAGED_REBUILD_EB)")
+    assert_failed_with(result, "EasyBuild command eb is not an executable file (eb, EB_STAGED_REBUILD_EB)")
 
 
 def test_a_failed_build_fails_with_one_line_and_changes_nothing_live(live, capsys, monkeypatch):

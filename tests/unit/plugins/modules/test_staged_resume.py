@@ -169,7 +169,7 @@ def test_staged_rebuild_is_refused_until_the_run_is_resumed(site, capsys):
 def test_no_state_root_is_refused(site, capsys, check_mode):
     result = run_module(capsys, staged_resume, {}, check_mode=check_mode)
 
-    assert_failed_with(result, "no state root: give --state-root DIR or set EB_STAGED_REBUILD_STATE_ROOT")
+    assert_failed_with(result, "no state root: give state_root DIR or set EB_STAGED_REBUILD_STATE_ROOT")
 
 
 @pytest.mark.parametrize("check_mode", [False, True])

@@ -235,7 +235,7 @@ def test_no_state_root_and_no_variable_fails(capsys, published):
 
     result = _rollback(capsys, site, state_root=None)
 
-    assert_failed_with(result, "no state root: give --state-root DIR or set EB_STAGED_REBUILD_STATE_ROOT")
+    assert_failed_with(result, "no state root: give state_root DIR or set EB_STAGED_REBUILD_STATE_ROOT")
     assert disk(site) == before
 
 
@@ -326,5 +326,5 @@ def test_a_negative_lock_timeout_fails(capsys, published):
 
     result = _rollback(capsys, site, lock_timeout=-1)
 
-    assert_failed_with(result, "lock timeout must be 0 or more seconds (--lock-timeout), not -1.0")
+    assert_failed_with(result, "lock timeout must be 0 or more seconds (lock_timeout), not -1.0")
     assert disk(site) == before

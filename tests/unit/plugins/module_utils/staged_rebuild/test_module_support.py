@@ -7,6 +7,8 @@ import signal
 import threading
 import time
 
+import pytest
+
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import module_support
 
@@ -72,3 +74,24 @@ def test_sigterm_during_a_command_becomes_a_failure_and_the_handler_comes_back()
 
     assert (result, failure) == (None, "terminated by signal 15; completed steps were reversed")
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.parametrize(
+    ("message", "for_a_module"),
+    [
+        ("--grace-hours must not be negative", "grace_hours must not be negative"),
+        ("no state root: give --state-root DIR or set X", "no state root: give state_root DIR or set X"),
+        ("--module TinyApp/1.0 is given twice", "module TinyApp/1.0 is given twice"),
+        ("(--skip-live-check skips this check)", "(skip_live_check skips this check)"),
+        # EasyBuild's options, and the command's --prepare that the modules lack, stay as they are.
+        (
+            "--rebuild and --try-toolchain=x are EasyBuild's",
+            "--rebuild and --try-toolchain=x are EasyBuild's",
+        ),
+        ("--prepare 'x' exited with status 1", "--prepare 'x' exited with status 1"),
+        # Only whole options: a path or a word that holds one is left alone.
+        ("/apps/x--module/y and a--eb", "/apps/x--module/y and a--eb"),
+    ],
+)
+def test_a_message_names_the_modules_options(message, for_a_module):
+    assert module_support.in_option_names(message) == for_a_module
