@@ -12,23 +12,22 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import checkout
+from localplay import BIN, LocalPlaybooks
 
-BIN = Path(sys.executable).parent
 TIMEOUT = 900
 
 
 def _molecule(collection: Path, scratch: Path, user) -> subprocess.CompletedProcess:
+    # Ansible's environment as the playbook tests have it, with this copy as hpcstack.ops.
+    ansible = LocalPlaybooks(
+        scratch / "ansible", {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}, collection
+    )
     env = dict(
         os.environ,
-        PATH=f"{BIN}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
-        ANSIBLE_COLLECTIONS_PATH=str(scratch / "collections"),
-        ANSIBLE_HOME=str(scratch / "ansible-home"),
-        ANSIBLE_LOCAL_TEMP=str(scratch / "ansible-home" / "tmp"),
-        ANSIBLE_NOCOLOR="1",
+        **ansible.env(),
         NO_COLOR="1",
         MOLECULE_BUILD_HOST_ROOT=str(scratch / "host"),
         MOLECULE_BUILD_HOST_USER=user.name,
@@ -45,7 +44,7 @@ def _molecule(collection: Path, scratch: Path, user) -> subprocess.CompletedProc
 
 
 def test_build_host_converges_is_idempotent_and_the_installed_command_runs(tmp_path, unprivileged_user):
-    collection = checkout.copy_to(tmp_path / "collections" / "ansible_collections" / "hpcstack" / "ops")
+    collection = checkout.copy_to(tmp_path / "collection")
     (tmp_path / "host" / "apps").mkdir(parents=True)
 
     done = _molecule(collection, tmp_path, unprivileged_user)
