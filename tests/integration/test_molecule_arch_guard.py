@@ -1,0 +1,110 @@
+"""``molecule test -s arch_guard_<kind>``: the arch_guard role on this machine's real Slurm.
+
+Each scenario's prepare starts a single-node Slurm of its own (``tools/slurm-local.sh``) and
+its cleanup stops it; this test stops it again whatever happened, by pid. What the jobs need
+is made here, in a world-readable directory (jobs run as the unprivileged test user): an
+EESSI-like prefix whose targets are this machine's real CPU and another, and the
+environment a login shell on a node of the other target exports after loading EESSI and two
+modules. ``verify.yml`` runs a real ``srun`` from that environment.
+
+- fresh: the role owns slurm.conf, which had no TaskProlog; the tasks get this node's EESSI.
+- chained: slurm.conf names a TaskProlog of the site's, which exports a variable and prints a
+  line; both effects still reach the tasks, before the guard's, whose repair also arrives.
+- removal: the guard is installed over that TaskProlog in prepare; converge removes it, and
+  slurm.conf is the site's again byte for byte, its TaskProlog alone running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+import checkout
+import eessilike
+from localplay import BIN, LocalPlaybooks
+from tests.integration.harness.guard_slurm import readable_by_all, real_target, write_env_file
+
+pytestmark = pytest.mark.slurm
+
+TIMEOUT = 900
+SLURM_STOP_TIMEOUT = 90
+
+
+def _job_inputs(root: Path, lmod) -> None:
+    """The EESSI-like prefix, the login node's environment and the two targets, in ``root``."""
+    node = real_target()
+    other = next(target for target in eessilike.DEFAULT_TARGETS if target != node)
+    prefix = eessilike.build_prefix(root / "eessi", targets=(node, other), accel={})
+    login = eessilike.login_environment(lmod, prefix, prefix.node_env(other))
+    for name in eessilike.NODE_VARIABLES:
+        login.pop(name, None)
+    write_env_file(root / "login.env", login)
+    (root / "targets.json").write_text(json.dumps({"node": node, "other": other}))
+
+
+def _molecule(scenario: str, collection: Path, scratch: Path, root: Path, user) -> subprocess.CompletedProcess:
+    ansible = LocalPlaybooks(scratch / "ansible", {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}, collection)
+    env = dict(
+        os.environ,
+        **ansible.env(),
+        NO_COLOR="1",
+        MOLECULE_ARCH_GUARD_ROOT=str(root),
+        MOLECULE_ARCH_GUARD_USER=user.name,
+    )
+    return subprocess.run(
+        [str(BIN / "molecule"), "test", "-s", scenario],
+        cwd=collection,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+
+
+@pytest.fixture
+def job_root(lmod):
+    # Under /tmp, searchable by all: the job's user reads it, and slurm-local.sh wants a short
+    # path for its sockets.
+    root = Path(tempfile.mkdtemp(prefix="hpcstack-mol-", dir="/tmp"))
+    root.chmod(0o755)
+    try:
+        _job_inputs(root, lmod)
+        readable_by_all(root)
+        yield root
+    finally:
+        subprocess.run(
+            ["bash", str(checkout.REPO / "tools" / "slurm-local.sh"), "stop", str(root / "slurm")],
+            capture_output=True,
+            timeout=SLURM_STOP_TIMEOUT,
+            check=False,
+        )
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("kind", ["fresh", "chained", "removal"])
+def test_arch_guard_scenario_converges_is_idempotent_and_jobs_get_this_node_s_eessi(
+    kind, tmp_path, job_root, unprivileged_user
+):
+    collection = checkout.copy_to(tmp_path / "collection")
+
+    done = _molecule(f"arch_guard_{kind}", collection, tmp_path, job_root, unprivileged_user)
+
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-8000:]
+    # prepare, converge (which changed something), idempotence (which found nothing to
+    # change), verify (whose assertions passed), cleanup.
+    recaps = re.findall(r"^slurm-node\s*:\s*ok=\d+\s+changed=(\d+).*failed=(\d+)", done.stdout, re.M)
+    assert len(recaps) == 5, output[-8000:]
+    changed = [int(count) for count, _failed in recaps]
+    assert changed[1] > 0
+    assert changed[2] == 0
+    assert [int(count) for _changed, count in recaps] == [0] * 5
+    assert "Each task has the EESSI of the node it ran on" in output
