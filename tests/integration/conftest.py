@@ -6,6 +6,7 @@ every integration test.
 
 from tests.integration.harness.ebsite import eb_site_factory
 from tests.integration.harness.guard import eessi_prefix, guard_site
+from tests.integration.harness.guard_rollout import job_root
 from tests.integration.harness.guard_slurm import slurm_guard
 from tests.integration.harness.mounts import fuse_dir
 from tests.integration.harness.slurm import slurm_cluster
@@ -19,6 +20,7 @@ __all__ = [
     "eessi_prefix",
     "fuse_dir",
     "guard_site",
+    "job_root",
     "lmod",
     "package_root",
     "slurm_cluster",

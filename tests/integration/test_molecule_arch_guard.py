@@ -2,10 +2,9 @@
 
 Each scenario's prepare starts a single-node Slurm of its own (``tools/slurm-local.sh``) and
 its cleanup stops it; this test stops it again whatever happened, by pid. What the jobs need
-is made here, in a world-readable directory (jobs run as the unprivileged test user): an
-EESSI-like prefix whose targets are this machine's real CPU and another, and the
-environment a login shell on a node of the other target exports after loading EESSI and two
-modules. ``verify.yml`` runs a real ``srun`` from that environment.
+is made by the ``job_root`` fixture (``harness/guard_rollout.py``): an EESSI-like prefix
+whose targets are this machine's real CPU and another, and the environment a login shell on
+a node of the other target exports after loading EESSI and two modules. ``verify.yml`` runs a real ``srun`` from that environment.
 
 - fresh: the role owns slurm.conf, which had no TaskProlog; the tasks get this node's EESSI.
 - chained: slurm.conf names a TaskProlog of the site's, which exports a variable and prints a
@@ -16,37 +15,19 @@ modules. ``verify.yml`` runs a real ``srun`` from that environment.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 
 import checkout
-import eessilike
 from localplay import BIN, LocalPlaybooks
-from tests.integration.harness.guard_slurm import readable_by_all, real_target, write_env_file
 
 pytestmark = pytest.mark.slurm
 
 TIMEOUT = 900
-SLURM_STOP_TIMEOUT = 90
-
-
-def _job_inputs(root: Path, lmod) -> None:
-    """The EESSI-like prefix, the login node's environment and the two targets, in ``root``."""
-    node = real_target()
-    other = next(target for target in eessilike.DEFAULT_TARGETS if target != node)
-    prefix = eessilike.build_prefix(root / "eessi", targets=(node, other), accel={})
-    login = eessilike.login_environment(lmod, prefix, prefix.node_env(other))
-    for name in eessilike.NODE_VARIABLES:
-        login.pop(name, None)
-    write_env_file(root / "login.env", login)
-    (root / "targets.json").write_text(json.dumps({"node": node, "other": other}))
 
 
 def _molecule(scenario: str, collection: Path, scratch: Path, root: Path, user) -> subprocess.CompletedProcess:
@@ -67,26 +48,6 @@ def _molecule(scenario: str, collection: Path, scratch: Path, root: Path, user) 
         timeout=TIMEOUT,
         check=False,
     )
-
-
-@pytest.fixture
-def job_root(lmod):
-    # Under /tmp, searchable by all: the job's user reads it, and slurm-local.sh wants a short
-    # path for its sockets.
-    root = Path(tempfile.mkdtemp(prefix="hpcstack-mol-", dir="/tmp"))
-    root.chmod(0o755)
-    try:
-        _job_inputs(root, lmod)
-        readable_by_all(root)
-        yield root
-    finally:
-        subprocess.run(
-            ["bash", str(checkout.REPO / "tools" / "slurm-local.sh"), "stop", str(root / "slurm")],
-            capture_output=True,
-            timeout=SLURM_STOP_TIMEOUT,
-            check=False,
-        )
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.mark.parametrize("kind", ["fresh", "chained", "removal"])
