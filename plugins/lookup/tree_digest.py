@@ -6,7 +6,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 name: tree_digest
-author: hpcstack.ops maintainers
+author: hpcstack.ops maintainers (@hpcstack)
 version_added: 0.1.0
 short_description: List files under a directory on the controller and digest them
 description:

@@ -91,7 +91,10 @@ def test_a_mismatch_target_that_the_canary_is_stops_the_rollout(fleet):
     playbooks, inventory, settings, targets = fleet
 
     play = playbooks.run(
-        "guard_rollout", "-e", json.dumps(dict(settings, guard_mismatch_target=targets["node"])), inventory=inventory
+        "guard_rollout",
+        "-e",
+        json.dumps(dict(settings, guard_mismatch_target=targets["node"])),
+        inventory=inventory,
     )
 
     assert play.done.returncode == 2, play.output[-6000:]

@@ -4,7 +4,8 @@ Each scenario's prepare starts a single-node Slurm of its own (``tools/slurm-loc
 its cleanup stops it; this test stops it again whatever happened, by pid. What the jobs need
 is made by the ``job_root`` fixture (``harness/guard_rollout.py``): an EESSI-like prefix
 whose targets are this machine's real CPU and another, and the environment a login shell on
-a node of the other target exports after loading EESSI and two modules. ``verify.yml`` runs a real ``srun`` from that environment.
+a node of the other target exports after loading EESSI and two modules. ``verify.yml`` runs
+a real ``srun`` from that environment.
 
 - fresh: the role owns slurm.conf, which had no TaskProlog; the tasks get this node's EESSI.
 - chained: slurm.conf names a TaskProlog of the site's, which exports a variable and prints a
@@ -30,8 +31,12 @@ pytestmark = pytest.mark.slurm
 TIMEOUT = 900
 
 
-def _molecule(scenario: str, collection: Path, scratch: Path, root: Path, user) -> subprocess.CompletedProcess:
-    ansible = LocalPlaybooks(scratch / "ansible", {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}, collection)
+def _molecule(
+    scenario: str, collection: Path, scratch: Path, root: Path, user
+) -> subprocess.CompletedProcess:
+    ansible = LocalPlaybooks(
+        scratch / "ansible", {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}, collection
+    )
     env = dict(
         os.environ,
         **ansible.env(),

@@ -14,7 +14,18 @@ import re
 
 from ..common.deadline import Deadline, DeadlineExceeded, Terminated
 from . import archdetect, emit, envdelta, restore, settings
-from .decision import FAIL, FAILED_MARKER, RELOAD, RELOADED_MARKER, TERMINATED, TIMEOUT, Decision, skip
+from .decision import (
+    ARCHDETECT_FAILED,
+    FAIL,
+    FAILED_MARKER,
+    NO_SOFTWARE_DIR,
+    RELOAD,
+    RELOADED_MARKER,
+    TERMINATED,
+    TIMEOUT,
+    Decision,
+    skip,
+)
 
 # Names the helper passes to Lmod: a module path of plain components, nothing a shell or
 # Lmod could read as an option or a pattern.
@@ -78,16 +89,14 @@ def _decide_loaded(env, mode, was: Node, deadline) -> Decision:
     try:
         detection = archdetect.detect(env, deadline)
     except archdetect.ArchdetectFailed as err:
-        return _failed(was, "archdetect-failed", str(err), "could not detect this node's CPU")
+        return _failed(was, ARCHDETECT_FAILED, str(err), "could not detect this node's CPU")
     target = archdetect.select_target(detection.candidates, env.get("EESSI_PREFIX"))
     if target is None:
-        candidates = ":".join(detection.candidates)
-        prefix = env.get("EESSI_PREFIX") or "an unset EESSI_PREFIX"
         return _failed(
             was,
-            "no-software-dir",
-            f"no software directory for any of {candidates} under {prefix}",
-            f"EESSI has no software for this node ({printable(candidates)})",
+            NO_SOFTWARE_DIR,
+            no_software_detail(detection.candidates, env.get("EESSI_PREFIX")),
+            f"EESSI has no software for this node ({printable(':'.join(detection.candidates))})",
         )
     now = Node(target, detection.accel)
     if now == was:
@@ -112,6 +121,12 @@ def _decide_loaded(env, mode, was: Node, deadline) -> Decision:
             now,
         )
     return _reload(env, mode, deadline, was=was, now=now, modules=modules)
+
+
+def no_software_detail(candidates, eessi_prefix) -> str:
+    """The detail of NO_SOFTWARE_DIR: the candidates and where none had a software directory."""
+    where = eessi_prefix or "an unset EESSI_PREFIX"
+    return f"no software directory for any of {':'.join(candidates)} under {where}"
 
 
 def _reload(env, mode, deadline, *, was: Node, now: Node, modules) -> Decision:

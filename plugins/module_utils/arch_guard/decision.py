@@ -20,6 +20,12 @@ FAILED_MARKER = "EESSI_ARCH_GUARD_FAILED"
 TIMEOUT = "timeout"
 TERMINATED = "terminated"
 
+# The tokens of a decision that found no target for this node: archdetect gave no usable
+# answer, or EESSI has no software directory for any of its candidates. The fleet report
+# (nodeinfo) names the same ones.
+ARCHDETECT_FAILED = "archdetect-failed"
+NO_SOFTWARE_DIR = "no-software-dir"
+
 
 class Decision:
     """``action`` is SKIP, RELOAD or FAIL; ``detail`` is the reason VERBOSE writes.
