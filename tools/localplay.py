@@ -8,6 +8,7 @@ the playbooks this way.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -16,6 +17,9 @@ from pathlib import Path
 import checkout
 
 PLAY_TIMEOUT = 900
+MOLECULE_TIMEOUT = 900
+# What a root shell has on PATH: the roles' scenarios run scontrol, runuser and the like.
+ADMIN_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
 RECAP = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 # The venv's Python runs Ansible and, as the interpreter of localhost, its modules.
 BIN = Path(sys.executable).parent
@@ -95,3 +99,21 @@ class LocalPlaybooks:
             check=False,
         )
         return Play(done)
+
+
+def molecule_test(
+    scenario: str, collection: Path, scratch: Path, **scenario_env: str
+) -> subprocess.CompletedProcess:
+    """``molecule test -s scenario`` from ``collection`` (a copy of the checkout), in the
+    environment the playbook tests have, with Ansible's files under ``scratch`` and the
+    scenario's own variables (``MOLECULE_...``) added."""
+    ansible = LocalPlaybooks(scratch / "ansible", {"PATH": ADMIN_PATH}, collection)
+    return subprocess.run(
+        [str(BIN / "molecule"), "test", "-s", scenario],
+        cwd=collection,
+        env=dict(os.environ, **ansible.env(), NO_COLOR="1", **scenario_env),
+        capture_output=True,
+        text=True,
+        timeout=MOLECULE_TIMEOUT,
+        check=False,
+    )

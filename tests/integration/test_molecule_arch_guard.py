@@ -16,43 +16,14 @@ a real ``srun`` from that environment.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-from pathlib import Path
 
 import pytest
 
 import checkout
-from localplay import BIN, LocalPlaybooks
+from localplay import molecule_test
 
 pytestmark = pytest.mark.slurm
-
-TIMEOUT = 900
-
-
-def _molecule(
-    scenario: str, collection: Path, scratch: Path, root: Path, user
-) -> subprocess.CompletedProcess:
-    ansible = LocalPlaybooks(
-        scratch / "ansible", {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}, collection
-    )
-    env = dict(
-        os.environ,
-        **ansible.env(),
-        NO_COLOR="1",
-        MOLECULE_ARCH_GUARD_ROOT=str(root),
-        MOLECULE_ARCH_GUARD_USER=user.name,
-    )
-    return subprocess.run(
-        [str(BIN / "molecule"), "test", "-s", scenario],
-        cwd=collection,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
-    )
 
 
 @pytest.mark.parametrize("kind", ["fresh", "chained", "removal"])
@@ -61,7 +32,13 @@ def test_arch_guard_scenario_converges_is_idempotent_and_jobs_get_this_node_s_ee
 ):
     collection = checkout.copy_to(tmp_path / "collection")
 
-    done = _molecule(f"arch_guard_{kind}", collection, tmp_path, job_root, unprivileged_user)
+    done = molecule_test(
+        f"arch_guard_{kind}",
+        collection,
+        tmp_path,
+        MOLECULE_ARCH_GUARD_ROOT=str(job_root),
+        MOLECULE_ARCH_GUARD_USER=unprivileged_user.name,
+    )
 
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-8000:]

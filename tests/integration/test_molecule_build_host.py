@@ -9,45 +9,23 @@ cache serves it when ``make test`` has installed the same release into ``.venv``
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-from pathlib import Path
 
 import checkout
-from localplay import BIN, LocalPlaybooks
-
-TIMEOUT = 900
-
-
-def _molecule(collection: Path, scratch: Path, user) -> subprocess.CompletedProcess:
-    # Ansible's environment as the playbook tests have it, with this copy as hpcstack.ops.
-    ansible = LocalPlaybooks(
-        scratch / "ansible", {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}, collection
-    )
-    env = dict(
-        os.environ,
-        **ansible.env(),
-        NO_COLOR="1",
-        MOLECULE_BUILD_HOST_ROOT=str(scratch / "host"),
-        MOLECULE_BUILD_HOST_USER=user.name,
-    )
-    return subprocess.run(
-        [str(BIN / "molecule"), "test", "-s", "build_host"],
-        cwd=collection,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
-    )
+from localplay import molecule_test
 
 
 def test_build_host_converges_is_idempotent_and_the_installed_command_runs(tmp_path, unprivileged_user):
     collection = checkout.copy_to(tmp_path / "collection")
     (tmp_path / "host" / "apps").mkdir(parents=True)
 
-    done = _molecule(collection, tmp_path, unprivileged_user)
+    done = molecule_test(
+        "build_host",
+        collection,
+        tmp_path,
+        MOLECULE_BUILD_HOST_ROOT=str(tmp_path / "host"),
+        MOLECULE_BUILD_HOST_USER=unprivileged_user.name,
+    )
 
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-6000:]

@@ -17,12 +17,18 @@ MAX_TIMEOUT_SECONDS = 86400.0
 DISABLING_VALUES = frozenset(("0", "off", "no", "false"))
 
 
-def timeout_seconds(env) -> float:
+def requested_timeout(env):
+    """EESSI_ARCH_GUARD_TIMEOUT when it is a usable number of seconds, else None."""
     try:
         seconds = float(env.get("EESSI_ARCH_GUARD_TIMEOUT", ""))
     except ValueError:
-        return DEFAULT_TIMEOUT_SECONDS
-    return seconds if 0 < seconds <= MAX_TIMEOUT_SECONDS else DEFAULT_TIMEOUT_SECONDS
+        return None
+    return seconds if 0 < seconds <= MAX_TIMEOUT_SECONDS else None
+
+
+def timeout_seconds(env) -> float:
+    requested = requested_timeout(env)
+    return DEFAULT_TIMEOUT_SECONDS if requested is None else requested
 
 
 def disabled_by(env):
