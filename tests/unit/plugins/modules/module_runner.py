@@ -7,8 +7,10 @@ fixtures are in this directory's conftest.py.
 from __future__ import annotations
 
 import json
+from unittest import mock
 
 import pytest
+from ansible.module_utils import _internal as ansible_internal
 from ansible.module_utils.common import warnings as ansible_warnings
 from ansible.module_utils.testing import patch_module_args
 
@@ -29,7 +31,11 @@ def run_module(capsys, module, args, *, check_mode=False, diff=False) -> dict:
     # harmless for a module, which is a process of its own, but here every run shares one.
     ansible_warnings._global_warnings.clear()
     capsys.readouterr()  # whatever the test printed before is not the module's output
-    with patch_module_args(args), pytest.raises(SystemExit) as exited:
+    # Importing any controller code (a lookup plugin's test does) marks the whole process as
+    # the controller, and a module's warnings then go to the controller's display on stderr
+    # instead of into its result. A module runs on a managed node, where they are results.
+    on_a_managed_node = mock.patch.object(ansible_internal, "is_controller", False)
+    with on_a_managed_node, patch_module_args(args), pytest.raises(SystemExit) as exited:
         module.main()
     captured = capsys.readouterr()
     assert captured.err == ""
