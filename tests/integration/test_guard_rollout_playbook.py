@@ -14,14 +14,12 @@ import subprocess
 
 import pytest
 
-import checkout
 import eessilike
-from localplay import LocalPlaybooks
+from localplay import ADMIN_PATH, LocalPlaybooks
 from tests.integration.harness.guard_slurm import readable_by_all
+from tests.integration.harness.slurm import START_TIMEOUT, slurm_local
 
 pytestmark = pytest.mark.slurm
-
-SLURM_START_TIMEOUT = 240
 
 
 @pytest.fixture
@@ -31,13 +29,7 @@ def fleet(job_root, tmp_path, unprivileged_user):
     targets = json.loads((job_root / "targets.json").read_text())
     eessilike.build_prefix(job_root / "eessi-elsewhere", targets=(targets["other"],), accel={})
     readable_by_all(job_root)
-    started = subprocess.run(
-        ["bash", str(checkout.REPO / "tools" / "slurm-local.sh"), "start", str(job_root / "slurm")],
-        capture_output=True,
-        text=True,
-        timeout=SLURM_START_TIMEOUT,
-        check=False,
-    )
+    started = slurm_local("start", job_root / "slurm", START_TIMEOUT)
     assert started.returncode == 0, started.stderr
     node = subprocess.run(["hostname", "-s"], capture_output=True, text=True, check=True).stdout.strip()
     common = {
@@ -67,7 +59,7 @@ def fleet(job_root, tmp_path, unprivileged_user):
         "guard_srun_args": ["--overcommit"],
         "guard_test_environment": {"SLURM_CONF": str(job_root / "slurm" / "slurm.conf")},
     }
-    playbooks = LocalPlaybooks(tmp_path / "ansible", {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"})
+    playbooks = LocalPlaybooks(tmp_path / "ansible", {"PATH": ADMIN_PATH})
     return playbooks, str(inventory_file), settings, targets
 
 

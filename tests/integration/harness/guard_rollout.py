@@ -19,18 +19,15 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-import checkout
 import eessilike
 from tests.integration.harness.guard_slurm import readable_by_all, real_target, write_env_file
-
-SLURM_STOP_TIMEOUT = 90
+from tests.integration.harness.slurm import STOP_TIMEOUT, slurm_local
 
 
 def write_job_inputs(root: Path, lmod) -> dict:
@@ -51,15 +48,6 @@ def write_job_inputs(root: Path, lmod) -> dict:
     return targets
 
 
-def stop_slurm(cluster: Path) -> None:
-    subprocess.run(
-        ["bash", str(checkout.REPO / "tools" / "slurm-local.sh"), "stop", str(cluster)],
-        capture_output=True,
-        timeout=SLURM_STOP_TIMEOUT,
-        check=False,
-    )
-
-
 @pytest.fixture
 def job_root(lmod) -> Iterator[Path]:
     root = Path(tempfile.mkdtemp(prefix="hpcstack-mol-", dir="/tmp"))
@@ -69,5 +57,5 @@ def job_root(lmod) -> Iterator[Path]:
         readable_by_all(root)
         yield root
     finally:
-        stop_slurm(root / "slurm")
+        slurm_local("stop", root / "slurm", STOP_TIMEOUT)
         shutil.rmtree(root, ignore_errors=True)

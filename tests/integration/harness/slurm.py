@@ -85,7 +85,8 @@ class SlurmCluster:
         self.set_task_prolog(NOOP_PROLOG)
 
 
-def _script(action: str, root: Path, timeout: float) -> subprocess.CompletedProcess:
+def slurm_local(action: str, root: Path, timeout: float) -> subprocess.CompletedProcess:
+    """``tools/slurm-local.sh ACTION ROOT``; never raises on a non-zero exit."""
     return subprocess.run(
         ["bash", str(SCRIPT), action, str(root)],
         capture_output=True,
@@ -115,18 +116,18 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     root = Path(tempfile.mkdtemp(prefix="hpcstack-slurm-", dir="/tmp"))
     root.chmod(0o755)  # job users and munge clients must reach the socket
     try:
-        started = _script("start", root, START_TIMEOUT)
+        started = slurm_local("start", root, START_TIMEOUT)
     except subprocess.TimeoutExpired as err:
-        _script("stop", root, STOP_TIMEOUT)
+        slurm_local("stop", root, STOP_TIMEOUT)
         pytest.fail(f"tools/slurm-local.sh start {root} timed out after {err.timeout} s: {_output(err)}")
     if started.returncode != 0:
         # The script stops what it started when it fails; stop again in case it was killed.
-        _script("stop", root, STOP_TIMEOUT)
+        slurm_local("stop", root, STOP_TIMEOUT)
         pytest.fail(f"tools/slurm-local.sh start {root} failed: {_output(started)}")
     try:
         yield SlurmCluster(root=root, conf=root / "slurm.conf")
     finally:
-        stopped = _script("stop", root, STOP_TIMEOUT)
+        stopped = slurm_local("stop", root, STOP_TIMEOUT)
         if stopped.returncode != 0:
             pytest.fail(f"tools/slurm-local.sh stop {root} failed: {_output(stopped)}")
         shutil.rmtree(root, ignore_errors=True)
