@@ -118,27 +118,17 @@ def _this_node() -> tuple:
         "EESSI_MACHINE_TYPE": os.uname().machine,
         eessilike.GPU_VARIABLE: "",
     }
-    ran = eessilike.run_archdetect(eessilike.archdetect_env(node), "-a", "cpupath")
-    candidates = ran.stdout.strip().split(":")
-    if ran.returncode != 0 or not candidates[0]:
-        raise BenchError(f"guard_latency: the archdetect stand-in failed for /proc/cpuinfo: {ran.stderr}")
-    return node, candidates
-
-
-def _other_target(candidates) -> str:
-    """A CPU target of this machine's architecture that archdetect would not pick here."""
-    machine = candidates[0].split("/", 1)[0]
-    for target in eessilike.CPUINFO_FIXTURES:
-        if target.startswith(machine + "/") and target not in candidates and not target.endswith("/generic"):
-            return target
-    raise BenchError(f"guard_latency: no cpuinfo fixture for another {machine} target")
+    try:
+        return node, eessilike.cpupath(node)
+    except eessilike.EessiLikeError as err:
+        raise BenchError(f"guard_latency: the archdetect stand-in failed for /proc/cpuinfo: {err}") from None
 
 
 def make_site(scratch: Path) -> Site:
     """The EESSI-like prefix with this node's target and another, and a login on each."""
     lmod = stackenv.find_lmod()
     node, candidates = _this_node()
-    here, there = candidates[0], _other_target(candidates)
+    here, there = candidates[0], eessilike.target_elsewhere(candidates)
     prefix = eessilike.build_prefix(scratch / "eessi", targets=(here, there), accel={})
     login_here = eessilike.login_environment(lmod, prefix, node)
     login_there = eessilike.login_environment(lmod, prefix, prefix.node_env(there))

@@ -64,13 +64,13 @@ def show_lines(text: str) -> None:
 def run(lmod: stackenv.Lmod, demo: Path) -> int:
     root = demo / "eessi"
     shutil.rmtree(root, ignore_errors=True)
-    here = this_cpu()
+    compatible = this_cpu()
     targets = eessilike.DEFAULT_TARGETS
-    if here is not None and here not in targets:
-        targets = (*targets, here)
+    if compatible is not None and compatible[0] not in targets:
+        targets = (*targets, compatible[0])
     prefix = eessilike.build_prefix(root, targets=targets)
     say(f"an EESSI-like stack with {len(prefix.targets)} CPU targets: {prefix.prefix}")
-    slurm_ok = real_slurm_job(lmod, prefix, here)
+    slurm_ok = real_slurm_job(lmod, prefix, compatible)
     return simulated_nodes(lmod, prefix) or (0 if slurm_ok else 1)
 
 
@@ -106,17 +106,17 @@ def simulated_nodes(lmod: stackenv.Lmod, prefix: eessilike.EessiPrefix) -> int:
     return 0 if repaired.returncode == 0 and prolog.returncode == 0 else 1
 
 
-def this_cpu() -> str | None:
-    """The CPU target archdetect gives first for this machine's /proc/cpuinfo, or None."""
-    ran = eessilike.run_archdetect(eessilike.archdetect_env({}), "-a", "cpupath")
-    if ran.returncode != 0 or not ran.stdout.strip():
+def this_cpu() -> tuple | None:
+    """archdetect's targets for this machine's /proc/cpuinfo, most specific first, or None."""
+    try:
+        return eessilike.cpupath()
+    except eessilike.EessiLikeError:
         return None
-    return ran.stdout.strip().split(":")[0]
 
 
-def why_no_slurm(here: str | None) -> str | None:
+def why_no_slurm(compatible: tuple | None) -> str | None:
     """Why this machine cannot run the real Slurm job, in a few words; None if it can."""
-    if here is None:
+    if compatible is None:
         return "archdetect does not recognise this machine's CPU"
     if os.geteuid() != 0:
         return "starting slurmd needs root (run make demo as root)"
@@ -130,12 +130,12 @@ def _admin_path() -> str:
     return os.pathsep.join([os.environ.get("PATH", os.defpath), "/usr/sbin", "/sbin"])
 
 
-def real_slurm_job(lmod: stackenv.Lmod, prefix: eessilike.EessiPrefix, here: str | None) -> bool:
+def real_slurm_job(lmod: stackenv.Lmod, prefix: eessilike.EessiPrefix, compatible: tuple | None) -> bool:
     """Start Slurm here, run the mismatched job without and with the guard, stop Slurm.
 
     False only when a job that ran went wrong; Slurm that cannot start is one line.
     """
-    reason = why_no_slurm(here)
+    reason = why_no_slurm(compatible)
     if reason:
         say(f"no real Slurm job in this demo: {reason}")
         return True
@@ -153,7 +153,7 @@ def real_slurm_job(lmod: stackenv.Lmod, prefix: eessilike.EessiPrefix, here: str
                 last = (started.stderr.strip().splitlines() or ["no message"])[0]
                 say(f"no real Slurm job in this demo: tools/slurm-local.sh could not start it ({last})")
                 return True
-            return _two_jobs(lmod, prefix, here, work, cluster)
+            return _two_jobs(lmod, prefix, compatible, work, cluster)
         finally:
             # The script stops exactly the daemons it recorded starting, also after a failed start.
             stopped = _slurm_local("stop", cluster, env, SLURM_STOP_TIMEOUT)
@@ -180,11 +180,9 @@ def _slurm_local(action: str, cluster: Path, env: dict, timeout: float) -> subpr
 
 
 def _two_jobs(
-    lmod: stackenv.Lmod, prefix: eessilike.EessiPrefix, here: str, work: Path, cluster: Path
+    lmod: stackenv.Lmod, prefix: eessilike.EessiPrefix, compatible: tuple, work: Path, cluster: Path
 ) -> bool:
-    machine = here.split("/", 1)[0]
-    others = [target for target in prefix.targets if target != here]
-    other = next((target for target in others if target.startswith(machine + "/")), others[0])
+    here, other = compatible[0], eessilike.target_elsewhere(compatible, prefix.targets)
     node = subprocess.run(["hostname", "-s"], capture_output=True, text=True, check=False).stdout.strip()
     say(
         f"this machine is now a real Slurm node, {node} (munged, slurmctld and slurmd started by "

@@ -457,6 +457,40 @@ def run_archdetect(env: Mapping[str, str], *args: str, script: Path = STANDIN) -
     )
 
 
+def cpupath(node_vars: Mapping[str, str] | None = None) -> tuple:
+    """archdetect's ``-a cpupath``: every CPU target this machine (or, with ``node_vars``, the
+    simulated node) can use, most specific first. Raises ``EessiLikeError`` if it fails."""
+    ran = run_archdetect(archdetect_env(node_vars or {}), "-a", "cpupath")
+    targets = tuple(target for target in ran.stdout.strip().split(":") if target)
+    if ran.returncode != 0 or not targets:
+        raise EessiLikeError(f"archdetect -a cpupath failed (exit {ran.returncode}): {ran.stderr.strip()}")
+    return targets
+
+
+def target_elsewhere(compatible: Iterable[str], candidates: Iterable[str] = DEFAULT_TARGETS) -> str:
+    """A CPU target that a node whose ``cpupath`` is ``compatible`` cannot use, for "a login node of
+    another CPU" and "a repository with no software for this node".
+
+    The first of ``candidates`` that archdetect does not list for the node, preferring the
+    node's machine type and another vendor (compatibility stays within a vendor), then the
+    node's machine type, then another machine type. Never a fixed name: an Intel host with
+    AVX2 lists haswell, an AMD host does not.
+    """
+    compatible = tuple(compatible)
+    machine, vendor = [*compatible[0].split("/"), ""][:2]
+
+    def preference(target: str) -> int:
+        target_machine, target_vendor = [*target.split("/"), ""][:2]
+        if target_machine != machine:
+            return 2
+        return 0 if target_vendor != vendor else 1
+
+    usable_elsewhere = [target for target in candidates if target not in compatible]
+    if not usable_elsewhere:
+        raise EessiLikeError(f"every candidate target is compatible with {compatible[0]}")
+    return min(usable_elsewhere, key=preference)  # min keeps the first of equal preference
+
+
 def copy_fake_nvidia_smi(dest_dir: Path) -> Path:
     """Put the fake nvidia-smi in ``dest_dir`` (created); returns the directory for ``PATH``."""
     dest_dir.mkdir(parents=True, exist_ok=True)

@@ -5,11 +5,13 @@
     .venv/bin/python tools/gates.py pytest -- -k smoke  # arguments after -- go to pytest
 
 Every gate runs even when an earlier one failed, so one run shows every problem; the exit
-status is 1 when any gate failed.
+status is 1 when any gate failed. The summary ends with pytest's ten slowest tests, so a
+change that slows the suite shows in every run.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -20,6 +22,17 @@ import checkout
 
 REPO = checkout.REPO
 PYTHON = sys.executable
+PYTEST = [PYTHON, "-m", "pytest", "-p", "xdist", "-n", "auto", "--dist", "loadgroup"]
+SLOWEST = 10
+# The tests that run on this machine's CPU unsimulated and choose "another target" from what
+# archdetect says of it: run a second time with the CPU simulated as another vendor's.
+HOST_DEPENDENT = (
+    "tests/integration/test_host_cpu.py",
+    "tests/integration/test_guard_rollout_playbook.py",
+    "tests/integration/test_module_arch_guard_info.py",
+    "tests/integration/test_demo.py::test_guard_demo_shows_the_wrong_build_then_the_right_one",
+    "tests/integration/test_arch_guard_slurm.py::test_batch_job_is_repaired_once_and_every_task_of_every_step_sees_this_node",
+)
 
 
 @dataclass(frozen=True)
@@ -52,17 +65,28 @@ def gates(pytest_args: list[str]) -> list[Gate]:
         Gate("ansible-lint", ["bash", "tools/ansible-lint.sh"], "ansible-lint, production profile"),
         Gate(
             "pytest",
-            [PYTHON, "-m", "pytest", "-p", "xdist", "-n", "auto", "--dist", "loadgroup", *pytest_args],
+            [*PYTEST, f"--durations={SLOWEST}", *pytest_args],
             "unit and integration tests",
+        ),
+        Gate(
+            "other-cpu",
+            [PYTHON, "tools/simulate_cpu.py", "--", *PYTEST, *HOST_DEPENDENT],
+            "the host-dependent tests again, this machine's CPU simulated as another vendor's",
         ),
     ]
 
 
-def _run(gate: Gate) -> tuple[int, str, float]:
-    """Stream the gate's output; return its exit status, last output line and duration."""
+_SECTION = re.compile(r"^=+ (.*?) =+$")
+
+
+def _run(gate: Gate) -> tuple[int, str, float, list[str]]:
+    """Stream the gate's output; return its exit status, last output line, duration and the
+    lines of pytest's "slowest durations" section, if it printed one."""
     print(f"\n==> {gate.name}: {gate.what}", flush=True)
     started = time.monotonic()
     last = ""
+    slowest: list[str] = []
+    in_slowest = False
     with subprocess.Popen(
         gate.argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
     ) as proc:
@@ -71,7 +95,12 @@ def _run(gate: Gate) -> tuple[int, str, float]:
             sys.stdout.flush()
             if line.strip():
                 last = line.strip()
-    return proc.returncode, last, time.monotonic() - started
+            section = _SECTION.match(line.strip())
+            if section:
+                in_slowest = section.group(1).startswith("slowest")
+            elif in_slowest and line.strip():
+                slowest.append(line.rstrip())
+    return proc.returncode, last, time.monotonic() - started, slowest
 
 
 def main(argv: list[str]) -> int:
@@ -92,10 +121,15 @@ def main(argv: list[str]) -> int:
     results = [(gate, *_run(gate)) for gate in selected]
 
     print("\n==> summary")
-    for gate, status, last, seconds in results:
+    for gate, status, last, seconds, _slowest in results:
         verdict = "passed" if status == 0 else f"FAILED (exit {status})"
         print(f"  {gate.name:<15} {verdict:<16} {seconds:6.1f} s  {last[:90]}")
-    failed = [gate.name for gate, status, _last, _seconds in results if status != 0]
+    slowest = [line for *_rest, lines in results for line in lines]
+    if slowest:
+        print(f"\n==> the {SLOWEST} slowest tests")
+        for line in slowest:
+            print(f"  {line}")
+    failed = [gate.name for gate, status, _last, _seconds, _slowest in results if status != 0]
     if failed:
         print(f"make test: {len(failed)} of {len(results)} gates failed: {', '.join(failed)}")
         return 1

@@ -140,6 +140,28 @@ def write_failing_sanity_check(packages: TinyPackages, name: str = LIB, version:
     return easyconfig
 
 
+def write_sibling_probe(packages: TinyPackages, name: str, sibling: Path, version: str = VERSION) -> Path:
+    """Make ``name``'s install record what it sees of ``sibling`` (another live version of it).
+
+    After the install, ``sibling-probe`` in the install directory holds the sibling's
+    ``PAYLOAD`` and then the error of a write into the sibling (``Read-only file system`` in a
+    sandbox), or ``written`` if the write went through. Returns the easyconfig's path.
+    """
+    easyconfig = packages.easyconfig(name, version)
+    probe = "%(installdir)s/sibling-probe"
+    write = f"{sibling}/written-by-build"
+    command = (
+        f"cat {sibling}/PAYLOAD > {probe} && "
+        f"{{ (: > {write}) 2>&1 | sed 's/.*: //' | grep . >> {probe} || echo written >> {probe}; }}"
+    )
+    easyconfig.write_text(
+        easyconfig.read_text()
+        + "\n# What the build sees of another version.\n"
+        + f"postinstallcmds = [{command!r}]\n"
+    )
+    return easyconfig
+
+
 def write_binary_package(dest: Path, version: str = VERSION) -> TinyPackages:
     """``TinyBin/<version>``: installs files that name its own install directory.
 

@@ -2,10 +2,10 @@
 
 archdetect (our stand-in) reads this machine's real ``/proc/cpuinfo``: nothing in the task
 simulates a node. The EESSI-like root has two versions: ``MATCH``, whose targets are the one
-the stand-in gives for this CPU (``real_target()``) and another, and ``MISMATCH``, whose only
-target is of the other machine type, so no candidate of this CPU has software there
-(``no-software-dir``). Two inventory hosts are this machine (``ansible_connection=local``),
-one with the arch_guard role's install layout under its prefix and one without. The playbook
+the stand-in gives for this CPU and one it cannot use, and ``MISMATCH``, whose only target is
+that one, so no candidate of this CPU has software there (``no-software-dir``). Two inventory
+hosts are this machine (``ansible_connection=local``), one with the arch_guard role's install
+layout under its prefix and one without. The playbook
 aggregates the results as a fleet report does, with the expressions of the module's
 EXAMPLES, and writes them to a file on the controller.
 """
@@ -20,13 +20,11 @@ import pytest
 
 import eessilike
 from localplay import LocalPlaybooks
-from tests.integration.harness.guard_slurm import real_target
 from tests.integration.harness.nodeinfo import RELEASE, install_guard
 
 MATCH = "2023.06"
 MISMATCH = "2025.06"
 HOSTS = ("node1", "node2")
-OTHER_MACHINE_TARGET = {"x86_64": "aarch64/neoverse_v1", "aarch64": "x86_64/intel/haswell"}
 
 PLAYBOOK = textwrap.dedent(
     """\
@@ -71,16 +69,12 @@ PLAYBOOK = textwrap.dedent(
 class Fleet:
     """The EESSI-like root, the two hosts' guard prefixes, and the playbook to run on them."""
 
-    def __init__(self, root, node_target: str) -> None:
+    def __init__(self, root, node_cpupath: tuple) -> None:
         self.root = root
         self.eessi_root = root / "eessi"
-        machine = node_target.split("/", 1)[0]
-        others = [target for target in eessilike.DEFAULT_TARGETS if target.startswith(machine + "/")]
-        other = next(target for target in others if target != node_target)
-        eessilike.build_prefix(self.eessi_root, version=MATCH, targets=(node_target, other), accel={})
-        eessilike.build_prefix(
-            self.eessi_root, version=MISMATCH, targets=(OTHER_MACHINE_TARGET[machine],), accel={}
-        )
+        other = eessilike.target_elsewhere(node_cpupath)
+        eessilike.build_prefix(self.eessi_root, version=MATCH, targets=(node_cpupath[0], other), accel={})
+        eessilike.build_prefix(self.eessi_root, version=MISMATCH, targets=(other,), accel={})
         self.installed = install_guard(root / "guard-node1")
         self.job_tmp = root / "job-tmp"
         self.job_tmp.mkdir()
@@ -115,11 +109,11 @@ class Fleet:
 
 @pytest.fixture
 def fleet(tmp_path):
-    return Fleet(tmp_path, real_target())
+    return Fleet(tmp_path, eessilike.cpupath())
 
 
 def test_the_real_cpu_gets_its_target_and_the_other_version_no_software_dir(fleet, lmod):
-    node_target = real_target()
+    node_target = eessilike.cpupath()[0]
 
     play, report = fleet.run()
 

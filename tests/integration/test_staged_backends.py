@@ -225,6 +225,32 @@ def test_sandboxed_backends_build_binaries_that_name_the_live_path(eb_site_facto
     assert result["warnings"] == []
 
 
+def test_bwrap_stage_is_an_ordinary_directory_at_the_live_path_and_its_siblings_read_only(eb_site_factory):
+    """EasyBuild's --rebuild removes the stage it finds at the live path. A stage bind-mounted
+    there is a mount point: the removal fails with EBUSY three times, 2 s apart, and EasyBuild
+    empties it instead. In the view it is an ordinary directory that goes at once; the other
+    versions of the Name are there, read-only, and stay as they were."""
+    site = _live_site(eb_site_factory, "user", tinypkgs.LIB)
+    sibling = site.software / "TinyLib" / "0.9"
+    sibling.mkdir()
+    (sibling / "PAYLOAD").write_text("the other version\n")
+    site.give(sibling)
+    new = site.write_packages("gen2", greeting=NEW_GREETING)
+    tinypkgs.write_sibling_probe(new, tinypkgs.LIB, sibling)
+    before = site.snapshot_of(sibling, sibling / "PAYLOAD")
+
+    result = result_json(site.rebuild((LIB,), new, backend="bwrap"))
+
+    live = site.live(LIB)
+    (eb_log,) = (live / "easybuild").glob("easybuild-TinyLib-*.log")
+    log = eb_log.read_text()
+    assert f"Path {live} successfully removed." in log
+    assert "successfully emptied" not in log
+    assert (live / "sibling-probe").read_text() == "the other version\nRead-only file system\n"
+    assert site.snapshot_of(sibling, sibling / "PAYLOAD") == before
+    assert result["state"] == "published"
+
+
 # --- progress -----------------------------------------------------------------------------
 
 
@@ -242,7 +268,7 @@ def test_without_json_easybuild_step_lines_go_to_stderr(eb_site_factory, backend
     assert any(line.startswith("== COMPLETED") for line in steps), steps
 
 
-# bwrap (~12 s of EasyBuild's retries per package): the publish matrix above checks it with --json.
+# bwrap: the publish matrix above checks its stderr with --json.
 @pytest.mark.parametrize("backend", ["userns", "installpath"])
 def test_with_json_stderr_has_no_easybuild_step_lines(eb_site_factory, backend):
     site = _live_site(eb_site_factory, "user", tinypkgs.LIB)

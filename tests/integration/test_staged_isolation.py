@@ -81,8 +81,8 @@ def test_a_failed_sanity_check_leaves_the_live_tree_as_it_was(eb_site_factory, b
     assert _greeting(site) == tinypkgs.GREETING
 
 
-# Not bwrap: the transaction logic is the same for every backend, and EasyBuild's bubblewrap
-# mode adds ~12 s of retries per package; its failures are covered by the tests around this one.
+# Not bwrap: the transaction logic is the same for every backend; bwrap's failures are covered
+# by the tests around this one.
 @pytest.mark.parametrize("backend", ["userns", "installpath"])
 def test_a_chain_whose_second_package_fails_publishes_neither(eb_site_factory, backend):
     site = _live_site(eb_site_factory, "user")

@@ -5,7 +5,19 @@
 ``bwrap``: EasyBuild's own bubblewrap mode, with the run's generation directory as its
 bubblewrap install path, and the live software and module trees bind-mounted read-only.
 ``userns``: a private mount namespace (``sandbox``) with the live trees read-only and each
-stage at its live ``Name/version`` path. ``installpath``: EasyBuild builds into separate trees
+stage at its live ``Name/version`` path. Both sandboxes show the stage at its live path the
+same way: the live ``<software>/<Name>`` is covered by a view (``sandbox.make_view``) that holds
+the stage as a plain directory and the other live entries bind-mounted read-only, so that
+EasyBuild's ``--rebuild`` removes an ordinary directory, not a mount point (which fails with
+EBUSY and makes EasyBuild retry, sleeping 2 s each time, then empty it instead).
+
+EasyBuild's bubblewrap mode runs in two passes: an unsandboxed first pass resolves the
+easyconfigs, creates ``<software path>/Name/version`` and writes ``bwrap_info.json``; then it
+runs itself again under ``bwrap`` with each stage bind-mounted onto that directory. The first
+pass is given ``<generation>/first-pass/software`` as its software path (through
+``$EASYBUILD_INSTALLPATH_SOFTWARE``, which the sandbox sets back to the live tree for the
+second pass): so it creates nothing in the live tree, and its own binds land out of the way
+of the build, which finds the view at the live path. ``installpath``: EasyBuild builds into separate trees
 in the generation directory, with no kernel sandbox; the stage path is rewritten afterwards.
 ``auto`` takes the first of these whose probe succeeds, in that order.
 
@@ -114,6 +126,9 @@ def auto_choice(bwrap_works, userns_works):
     return select("auto", {"bwrap": bwrap_works, "userns": userns_works})
 
 
+_SOFTWARE_VARIABLE = "EASYBUILD_INSTALLPATH_SOFTWARE"
+
+
 class Build:
     """One run's build: which backend, which modules, and the trees they go to."""
 
@@ -122,6 +137,11 @@ class Build:
         self.trees = trees
         self.generation = generation
         self.modules = modules  # [(name, version)]
+
+    @property
+    def first_pass_software(self):
+        """The software path of the bwrap backend's unsandboxed first pass (module docstring)."""
+        return os.path.join(self.generation, "first-pass", "software")
 
     @property
     def stage_software(self):
@@ -160,10 +180,17 @@ class Build:
         for path in read_only:
             bwrap_options += ["--ro-bind", path, path]
         bwrap_options += ["--bind", self.generation, self.generation]
+        for view_dir, live_name_dir, versions in self._views():
+            bwrap_options += ["--bind", view_dir, live_name_dir]
+            # bwrap takes each source from the host's tree, so this is the live sibling,
+            # mounted onto its placeholder in the view.
+            for sibling in sandbox.view_siblings(live_name_dir, versions):
+                live_sibling = os.path.join(live_name_dir, sibling)
+                bwrap_options += ["--ro-bind", live_sibling, live_sibling]
+        bwrap_options += ["--setenv", _SOFTWARE_VARIABLE, self.trees.software]
         # The tool's own death kills EasyBuild's first pass; this carries it on to the second.
         bwrap_options.append("--die-with-parent")
         return [
-            "--installpath-software=" + self.trees.software,
             "--installpath-modules=" + self.trees.modules,
             "--locks-dir=" + self.locks_dir,
             "--experimental",
@@ -171,6 +198,16 @@ class Build:
             "--bwrap-installpath=" + self.generation,
             "--bwrap-options=" + ",".join(bwrap_options),
         ]
+
+    def _views(self):
+        """``(view_dir, live_name_dir, staged versions)`` for each ``Name`` the run builds."""
+        views = []
+        for name in sorted({name for name, _version in self.modules}):
+            versions = [version for module_name, version in self.modules if module_name == name]
+            views.append(
+                (os.path.join(self.stage_software, name), os.path.join(self.trees.software, name), versions)
+            )
+        return views
 
     def command(self, eb, user_args):
         return easybuild.command(eb, user_args, self.placement_args())
@@ -181,19 +218,20 @@ class Build:
             # EasyBuild re-runs itself under bwrap as "python -m easybuild.main": the python next
             # to the eb it was started as, as far as PATH can say so.
             env["PATH"] = os.path.dirname(eb) + os.pathsep + env.get("PATH", os.defpath)
+            env[_SOFTWARE_VARIABLE] = self.first_pass_software
         return env
 
     def prepare(self):
         """Make what the backend needs before EasyBuild runs; return the child's sandbox setup."""
-        if self.backend != "userns":
+        if self.backend not in SANDBOXED:
             return None
-        views = []
-        for name in sorted({name for name, _version in self.modules}):
-            versions = [version for module_name, version in self.modules if module_name == name]
-            view_dir = os.path.join(self.stage_software, name)
-            live_name_dir = os.path.join(self.trees.software, name)
-            views.append((view_dir, live_name_dir, sandbox.make_view(live_name_dir, view_dir, versions)))
+        views = [
+            (view_dir, live_name_dir, sandbox.make_view(live_name_dir, view_dir, versions))
+            for view_dir, live_name_dir, versions in self._views()
+        ]
         os.makedirs(self.locks_dir, exist_ok=True)
+        if self.backend == "bwrap":
+            return None  # EasyBuild makes its sandbox itself, from placement_args
         os.makedirs(self.stage_modules, exist_ok=True)
         spec = {
             "read_only": [self.trees.software, self.trees.modules],
@@ -206,6 +244,4 @@ class Build:
     def check(self):
         """After a successful build: refuse a bubblewrap run that wrote elsewhere."""
         if self.backend == "bwrap":
-            bwrapinfo.check(
-                self.generation, self.trees.software, [f"{name}/{version}" for name, version in self.modules]
-            )
+            bwrapinfo.check(self.generation, [f"{name}/{version}" for name, version in self.modules])

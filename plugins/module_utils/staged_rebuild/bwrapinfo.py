@@ -6,9 +6,11 @@ EasyBuild (``--experimental --bwrap``) resolves the easyconfigs, writes this fil
 itself again under ``bwrap`` with each install directory it will build bind-mounted from the
 bubblewrap install path. The file is the only account of where the build wrote. Before the
 result is published, every stage root it names must lie inside the run's generation
-directory, every bind must land on the live path of a requested module, and EasyBuild must
-not have built a module that was not requested (its install would not be published, and its
-live directory was created by EasyBuild outside any sandbox).
+directory, and so must the software path of its unsandboxed first pass (where it created the
+install directories, outside any sandbox) and the source of every ``--bind`` of its ``bwrap``
+command (a writable bind of anything else could show a live directory, writable, at another
+path inside the sandbox); and EasyBuild must not have built a module that was not requested
+(its install would not be published).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def _binds(command):
     return binds
 
 
-def check(generation, software, requested):
+def check(generation, requested):
     """Read and check ``bwrap_info.json``; ``requested`` are the run's ``Name/version`` modules."""
     info_path = os.path.join(generation, INFO_FILE)
     try:
@@ -61,7 +63,12 @@ def check(generation, software, requested):
         raise errors.PublishError(f"cannot read {info_path}: {err}; nothing was swapped") from None
     if not isinstance(info, dict):
         raise errors.PublishError(f"{info_path} holds no JSON object; nothing was swapped")
-    for key in ("bwrap_installpath", "bwrap_installpath_software", "bwrap_installpath_modules"):
+    for key in (
+        "bwrap_installpath",
+        "bwrap_installpath_software",
+        "bwrap_installpath_modules",
+        "installpath_software",
+    ):
         _require_in_generation(info.get(key), generation, key)
     unrequested = sorted(set(info.get("modules_to_install") or ()) - set(requested))
     if unrequested:
@@ -69,8 +76,6 @@ def check(generation, software, requested):
             f"EasyBuild also built {', '.join(unrequested)}, which was not requested with --module; "
             "nothing was swapped"
         )
-    live_targets = {os.path.join(os.path.realpath(software), module) for module in requested}
-    for source, destination in _binds(info.get("bwrap_cmd") or ()):
-        if destination in live_targets:
-            _require_in_generation(source, generation, "stage root")
+    for source, _destination in _binds(info.get("bwrap_cmd") or ()):
+        _require_in_generation(source, generation, "writable bind")
     return info

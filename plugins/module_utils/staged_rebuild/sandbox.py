@@ -91,31 +91,45 @@ def _map_ids(inside_uid, outside_uid, inside_gid, outside_gid):
     _write("/proc/self/gid_map", f"{inside_gid} {outside_gid} 1\n")
 
 
+def _view_entries(live_name_dir, versions):
+    """The live ``Name`` directory's other entries: ``(entry, lstat mode)``, FIFOs and sockets left out."""
+    entries = []
+    for entry in sorted(os.listdir(live_name_dir)):
+        if entry in versions:
+            continue
+        mode = os.lstat(os.path.join(live_name_dir, entry)).st_mode
+        # A FIFO or socket in an install directory is nothing a build reads.
+        if stat.S_ISLNK(mode) or stat.S_ISDIR(mode) or stat.S_ISREG(mode):
+            entries.append((entry, mode))
+    return entries
+
+
+def view_siblings(live_name_dir, versions):
+    """The entries of the live ``Name`` directory that the view shows by a read-only bind mount
+    (every other version and file; symlinks are copied instead). Reads, writes nothing."""
+    return [entry for entry, mode in _view_entries(live_name_dir, versions) if not stat.S_ISLNK(mode)]
+
+
 def make_view(live_name_dir, view_dir, versions):
     """Create the view for one ``Name`` (run before the fork, as the build user).
 
     ``versions`` are the staged versions (plain directories in the view); every other entry of
     the live ``Name`` directory gets a placeholder to mount onto, a symlink a copy of itself.
-    Returns the names that need a read-only bind mount.
+    Returns the names that need a read-only bind mount (``view_siblings``).
     """
     os.makedirs(view_dir, mode=0o755, exist_ok=True)
     for version in versions:
         os.makedirs(os.path.join(view_dir, version), mode=0o755, exist_ok=True)
     siblings = []
-    for entry in sorted(os.listdir(live_name_dir)):
-        if entry in versions:
-            continue
+    for entry, mode in _view_entries(live_name_dir, versions):
         live_entry, placeholder = os.path.join(live_name_dir, entry), os.path.join(view_dir, entry)
-        info = os.lstat(live_entry)
-        if stat.S_ISLNK(info.st_mode):
+        if stat.S_ISLNK(mode):
             os.symlink(os.readlink(live_entry), placeholder)
             continue
-        if stat.S_ISDIR(info.st_mode):
+        if stat.S_ISDIR(mode):
             os.mkdir(placeholder, 0o755)
-        elif stat.S_ISREG(info.st_mode):
-            os.close(os.open(placeholder, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
         else:
-            continue  # a FIFO or socket in an install directory is nothing a build reads
+            os.close(os.open(placeholder, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
         siblings.append(entry)
     return siblings
 

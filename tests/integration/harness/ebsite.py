@@ -35,8 +35,8 @@ import tinypkgs
 from tests.integration.harness.staged import LiveLayout, snapshot
 from tests.integration.harness.users import UnprivilegedUser
 
-# A real build of both tiny packages takes seconds; EasyBuild's own bwrap mode adds about
-# 12 s of retries per package. This bounds one tool run or one plain eb run.
+# A real build of both tiny packages takes seconds; EasyBuild's own bwrap mode, used alone,
+# adds about 12 s of retries per package. This bounds one tool run or one plain eb run.
 EB_RUN_TIMEOUT = 300
 MODULE_TIMEOUT = 60
 TOKEN_VARIABLE = "EBSITE_TOKEN"  # noqa: S105 - a variable name, not a secret
@@ -47,9 +47,8 @@ OWNERS = ("root", "user")
 
 def failure_cases(backends):
     """``(backend, owner)`` for the failure-path tests: each backend as both owners, but bwrap
-    as the build user only. EasyBuild's own bubblewrap mode spends ~12 s per package in
-    retries, the publish matrix runs it as both owners, and the unprivileged case is the one
-    where bubblewrap needs a user namespace of its own."""
+    as the build user only: the publish matrix runs it as both owners, and the unprivileged
+    case is the one where bubblewrap needs a user namespace of its own."""
     return [
         (backend, owner) for backend in backends for owner in OWNERS if backend != "bwrap" or owner == "user"
     ]

@@ -3,12 +3,13 @@
 One world-readable directory under /tmp (jobs run as the unprivileged test user, and
 ``tools/slurm-local.sh`` wants a short path for its sockets) holding:
 
-- ``eessi/``: an EESSI-like prefix whose targets are this machine's real CPU and another;
+- ``eessi/``: an EESSI-like prefix whose targets are this machine's real CPU and one that CPU
+  cannot use (``eessilike.target_elsewhere``: another vendor, or another machine type);
 - ``login.env``: what a login shell on a node of the other target exports after loading EESSI
   and two modules (``export`` lines, for ``.``);
 - ``setup.sh``: a clean login's environment and the ``module`` commands that load EESSI, for
   a test job that sets EESSI up itself (``EESSI_SOFTWARE_SUBDIR_OVERRIDE`` picks the target);
-- ``targets.json``: ``{"node": <this machine's target>, "other": <the other>}``.
+- ``targets.json``: ``{"node": <this machine's target>, "other": <the one it cannot use>}``.
 
 Slurm is started under ``slurm/`` by whoever needs it, and stopped by the fixture, by pid,
 whatever happened.
@@ -26,14 +27,14 @@ from typing import Iterator
 import pytest
 
 import eessilike
-from tests.integration.harness.guard_slurm import readable_by_all, real_target, write_env_file
+from tests.integration.harness.guard_slurm import readable_by_all, write_env_file
 from tests.integration.harness.slurm import STOP_TIMEOUT, slurm_local
 
 
 def write_job_inputs(root: Path, lmod) -> dict:
     """The prefix, ``login.env``, ``setup.sh`` and ``targets.json`` in ``root``; the targets."""
-    node = real_target()
-    other = next(target for target in eessilike.DEFAULT_TARGETS if target != node)
+    here = eessilike.cpupath()
+    node, other = here[0], eessilike.target_elsewhere(here)
     prefix = eessilike.build_prefix(root / "eessi", targets=(node, other), accel={})
     login = eessilike.login_environment(lmod, prefix, prefix.node_env(other))
     for name in eessilike.NODE_VARIABLES:

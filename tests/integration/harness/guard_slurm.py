@@ -5,7 +5,8 @@ of another CPU target exported after loading EESSI and two user modules, with th
 that simulate a node (``EESSI_PROC_CPUINFO``, ``EESSI_MACHINE_TYPE``,
 ``EESSI_LIKE_GPU_COMPUTE_CAP``) removed, so that archdetect, in the guard and in Lmod's
 EESSI module alike, reads the real ``/proc/cpuinfo``. The prefix's targets are the one the
-archdetect stand-in gives for that real CPU and one other.
+archdetect stand-in gives for that real CPU and one that CPU cannot use
+(``eessilike.target_elsewhere``).
 
 Slurm runs the guard the way a node without an installation would: an executable file
 ``#!<python> -IS`` whose body puts a COPY of ``plugins/module_utils`` (as ``hpcstack_ops``)
@@ -256,21 +257,12 @@ def write_env_file(path: Path, env: dict) -> Path:
     return path
 
 
-def real_target() -> str:
-    """The first CPU target the archdetect stand-in gives for this machine's /proc/cpuinfo."""
-    ran = eessilike.run_archdetect(eessilike.archdetect_env({}), "-a", "cpupath")
-    assert ran.returncode == 0, ran.stderr
-    return ran.stdout.strip().split(":")[0]
-
-
 @pytest.fixture(scope="session")
 def slurm_guard(slurm_cluster, lmod) -> Iterator[SlurmGuard]:
-    """The prefix (this node's target and another), the guard's package copy, in one
+    """The prefix (this node's target and one it cannot use), the guard's package copy, in one
     world-readable directory that goes when the session ends."""
-    node = real_target()
-    other = next((target for target in eessilike.DEFAULT_TARGETS if target != node), None)
-    if other is None:
-        pytest.fail(f"the EESSI-like prefix has no CPU target other than this machine's {node}")
+    here = eessilike.cpupath()
+    node, other = here[0], eessilike.target_elsewhere(here)
     root = Path(tempfile.mkdtemp(prefix="hpcstack-guard-slurm-", dir="/tmp"))
     try:
         prefix = eessilike.build_prefix(root / "eessi", targets=(node, other), accel={})

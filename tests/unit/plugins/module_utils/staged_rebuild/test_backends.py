@@ -227,21 +227,66 @@ def test_userns_places_software_at_the_live_path_and_modules_and_locks_in_the_ge
     ]
 
 
+def _live_entries(tmp_path, entries):
+    """The live ``Tiny`` directory with ``entries`` (directories, ``name=`` a file, ``name->`` a link)."""
+    live = tmp_path / "apps" / "software" / "Tiny"
+    live.mkdir(parents=True)
+    for entry in entries:
+        if entry.endswith("="):
+            (live / entry[:-1]).write_text("x")
+        elif entry.endswith("->"):
+            (live / entry[:-2]).symlink_to("1.0")
+        else:
+            (live / entry).mkdir()
+    return live
+
+
 def test_bwrap_uses_easybuild_s_bubblewrap_mode_with_the_live_trees_read_only(tmp_path):
+    _live_entries(tmp_path, ["1.0", "0.9", "NOTES=", "default->"])
     build = _build("bwrap", tmp_path)
     software, modules = f"{tmp_path}/apps/software", f"{tmp_path}/apps/modules"
     generation = f"{software}/.eb-staged-rebuild/run1"
 
     assert build.placement_args() == [
-        f"--installpath-software={software}",
         f"--installpath-modules={modules}",
         f"--locks-dir={generation}/software/.locks",
         "--experimental",
         "--bwrap",
         f"--bwrap-installpath={generation}",
         f"--bwrap-options=--ro-bind,{software},{software},--ro-bind,{modules},{modules},"
-        f"--bind,{generation},{generation},--die-with-parent",
+        f"--bind,{generation},{generation},"
+        # The view over the live Name, its other version and file read-only (the link is copied).
+        f"--bind,{generation}/software/Tiny,{software}/Tiny,"
+        f"--ro-bind,{software}/Tiny/0.9,{software}/Tiny/0.9,--ro-bind,{software}/Tiny/NOTES,{software}/Tiny/NOTES,"
+        f"--setenv,EASYBUILD_INSTALLPATH_SOFTWARE,{software},--die-with-parent",
     ]
+
+
+def test_bwrap_gives_easybuild_s_first_pass_a_software_path_in_the_generation(tmp_path):
+    # The first pass creates Name/version there (outside any sandbox) and binds the stage onto
+    # it; the sandbox's --setenv gives the second pass the live tree again.
+    _live_entries(tmp_path, ["1.0"])
+    build = _build("bwrap", tmp_path)
+
+    env = build.environment({"PATH": "/usr/bin:/bin"}, "/opt/eb/bin/eb")
+
+    assert env["EASYBUILD_INSTALLPATH_SOFTWARE"] == (
+        f"{tmp_path}/apps/software/.eb-staged-rebuild/run1/first-pass/software"
+    )
+    assert not any(arg.startswith("--installpath-software") for arg in build.placement_args())
+
+
+@pytest.mark.parametrize("backend", ["installpath", "userns"])
+def test_only_bwrap_sets_the_software_path_in_the_environment(tmp_path, backend):
+    env = _build(backend, tmp_path).environment({"PATH": "/usr/bin:/bin"}, "/opt/eb/bin/eb")
+
+    assert "EASYBUILD_INSTALLPATH_SOFTWARE" not in env
+
+
+def test_bwrap_placement_of_a_missing_live_name_directory_raises(tmp_path):
+    # The planner requires the live Name/version before a Build is made; nothing to guess here.
+    with pytest.raises(FileNotFoundError):
+        _build("bwrap", tmp_path).placement_args()
 
 
 @pytest.mark.parametrize("tree", ["software", "modules"])
@@ -362,10 +407,23 @@ def test_prepare_for_userns_makes_the_view_locks_and_module_tree_and_returns_a_s
     assert os.path.isdir(build.stage_modules)
 
 
-@pytest.mark.parametrize("backend", ["installpath", "bwrap"])
-def test_prepare_for_the_other_backends_makes_nothing(tmp_path, backend):
+def test_prepare_for_bwrap_makes_the_view_with_the_stage_as_a_plain_directory(tmp_path):
+    # EasyBuild's --rebuild removes the stage: a plain directory goes at once, a mount point
+    # would fail with EBUSY and be retried with sleeps. EasyBuild makes the sandbox itself.
     _live(tmp_path)
-    build = _build(backend, tmp_path)
+    build = _build("bwrap", tmp_path)
+
+    assert build.prepare() is None
+
+    view = os.path.join(build.stage_software, "Tiny")
+    assert sorted(os.listdir(view)) == ["1.0", "2.0"]
+    assert os.listdir(os.path.join(view, "1.0")) == []
+    assert os.path.isdir(build.locks_dir)
+
+
+def test_prepare_for_installpath_makes_nothing(tmp_path):
+    _live(tmp_path)
+    build = _build("installpath", tmp_path)
 
     assert build.prepare() is None
     assert not os.path.exists(build.generation)
