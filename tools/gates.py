@@ -27,7 +27,6 @@ SLOWEST = 10
 # The tests that run on this machine's CPU unsimulated and choose "another target" from what
 # archdetect says of it: run a second time with the CPU simulated as another vendor's.
 HOST_DEPENDENT = (
-    "tests/integration/test_host_cpu.py",
     "tests/integration/test_guard_rollout_playbook.py",
     "tests/integration/test_module_arch_guard_info.py",
     "tests/integration/test_demo.py::test_guard_demo_shows_the_wrong_build_then_the_right_one",

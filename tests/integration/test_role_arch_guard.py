@@ -384,6 +384,9 @@ def test_check_mode_on_a_new_host_reports_changes_and_writes_nothing(host, manag
 
 
 def test_an_install_beside_the_site_s_slurm_conf_sets_the_facts_and_leaves_slurm_conf(host):
+    """One install checked for everything a default install must be: the facts, slurm.conf
+    untouched, an idempotent rerun, files root's alone and byte-compiled, and a launcher that
+    ignores the job's Python settings."""
     first = host.run()
     second = host.run()
 
@@ -400,6 +403,8 @@ def test_an_install_beside_the_site_s_slurm_conf_sets_the_facts_and_leaves_slurm
     _assert_nothing_written_but_the_guard(host)
     assert (second.done.returncode, second.changed) == (0, 0), second.output
     assert _facts(second) == facts
+    _assert_root_s_alone_and_byte_compiled(host, facts["arch_guard_python_interpreter"])
+    _assert_the_launcher_ignores_the_job_s_python_settings(host)
 
 
 def _assert_nothing_written_but_the_guard(host):
@@ -434,6 +439,9 @@ GUARD_LINES = [
 
 
 def test_a_chained_task_prolog_runs_first_and_the_guard_after_it(host):
+    """Chained: the site's prolog runs first and the guard after it; a failing site prolog
+    fails the wrapper and the guard does not run; a run that no longer chains removes the
+    wrapper. One install for all three: the wrapper runs the site's file as it is then."""
     site = _executable(
         host.root / "site" / "prolog.sh",
         "#!/bin/sh\necho export SITE_PROLOG_VAR=from-the-site\necho print site-prolog: hello\n",
@@ -455,38 +463,36 @@ def test_a_chained_task_prolog_runs_first_and_the_guard_after_it(host):
     assert lines[3].startswith(GUARD_LINES[1])
     assert len(lines) == 4
 
+    _executable(site, "#!/bin/sh\necho print site-prolog: broken\nexit 3\n")
+    failing = _run([host.wrapper], _job_env(host))
 
-def test_a_failing_chained_task_prolog_fails_the_wrapper_and_the_guard_does_not_run(host):
-    site = _executable(
-        host.root / "site" / "prolog.sh", "#!/bin/sh\necho print site-prolog: broken\nexit 3\n"
-    )
-    _succeeded(host.run(arch_guard_chain_task_prolog=str(site)))
+    assert (failing.returncode, failing.stdout) == (3, "print site-prolog: broken\n"), failing
 
-    ran = _run([host.wrapper], _job_env(host))
+    unchained = host.run()
 
-    assert (ran.returncode, ran.stdout) == (3, "print site-prolog: broken\n"), ran
-
-
-def test_no_longer_chaining_removes_the_wrapper(host):
-    site = _executable(host.root / "site" / "prolog.sh", "#!/bin/sh\n")
-    _succeeded(host.run(arch_guard_chain_task_prolog=str(site)))
-    assert host.wrapper.is_file()
-
-    play = host.run()
-
-    _succeeded(play)
-    assert _facts(play)["arch_guard_task_prolog"] == str(host.launcher)
+    _succeeded(unchained)
+    assert _facts(unchained)["arch_guard_task_prolog"] == str(host.launcher)
     assert not host.wrapper.exists()
 
 
 # ------------------------------------------------------------------ the installed launcher
 
 
-def test_the_installed_guard_is_root_s_alone_and_byte_compiled(host):
-    play = host.run()
+def _broken_job_side(root: Path) -> dict:
+    """What a job may set that must not reach the guard: a python3 first on PATH that
+    fails, PYTHONHOME, and a PYTHONPATH whose hpcstack_ops raises."""
+    _executable(root / "broken-bin" / "python3", "#!/bin/sh\necho the job\\'s python3 ran >&2\nexit 97\n")
+    package = root / "pythonpath" / "hpcstack_ops"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text('raise ImportError("the job\'s PYTHONPATH reached the guard")\n')
+    return {
+        "PATH": f"{root / 'broken-bin'}:/usr/bin:/bin",
+        "PYTHONHOME": "/nonexistent",
+        "PYTHONPATH": str(root / "pythonpath"),
+    }
 
-    _succeeded(play)
-    python = _facts(play)["arch_guard_python_interpreter"]
+
+def _assert_root_s_alone_and_byte_compiled(host, python):
     for folder, folders, names in os.walk(host.prefix):
         for name in [*folders, *names]:
             info = os.lstat(os.path.join(folder, name))
@@ -510,22 +516,7 @@ def test_the_installed_guard_is_root_s_alone_and_byte_compiled(host):
     assert copied == sorted([*expected, "__init__.py"])
 
 
-def _broken_job_side(root: Path) -> dict:
-    """What a job may set that must not reach the guard: a python3 first on PATH that
-    fails, PYTHONHOME, and a PYTHONPATH whose hpcstack_ops raises."""
-    _executable(root / "broken-bin" / "python3", "#!/bin/sh\necho the job\\'s python3 ran >&2\nexit 97\n")
-    package = root / "pythonpath" / "hpcstack_ops"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text('raise ImportError("the job\'s PYTHONPATH reached the guard")\n')
-    return {
-        "PATH": f"{root / 'broken-bin'}:/usr/bin:/bin",
-        "PYTHONHOME": "/nonexistent",
-        "PYTHONPATH": str(root / "pythonpath"),
-    }
-
-
-def test_the_launcher_ignores_the_job_s_python_settings(host):
-    _succeeded(host.run())
+def _assert_the_launcher_ignores_the_job_s_python_settings(host):
     env = _broken_job_side(host.root)
     assert _run(["python3", "-c", "pass"], env).returncode == 97
 
@@ -666,9 +657,17 @@ def test_removing_a_guard_that_slurm_conf_still_names_is_refused(host, named):
 
 
 def test_removing_a_guard_that_slurm_conf_does_not_name_removes_the_prefix(host):
+    """Check mode first (it reports the removal and removes nothing), then the removal, then
+    a second removal that has nothing left to do."""
     _succeeded(host.run())
     slurm_conf = SLURM_CONF + "TaskProlog=/usr/local/sbin/site-prolog\n"
     host.slurm_conf.write_text(slurm_conf)
+
+    checked = host.run("--check", arch_guard_state="absent")
+
+    _succeeded(checked)
+    assert checked.changed > 0
+    assert host.launcher.is_file()
 
     play = host.run(arch_guard_state="absent")
     again = host.run(arch_guard_state="absent")
@@ -686,16 +685,6 @@ def test_removing_a_guard_that_was_never_installed_changes_nothing(host):
 
     assert (play.done.returncode, play.changed, play.failed) == (0, 0, 0), play.output
     _assert_nothing_written(host)
-
-
-def test_check_mode_of_a_removal_removes_nothing(host):
-    _succeeded(host.run())
-
-    play = host.run("--check", arch_guard_state="absent")
-
-    _succeeded(play)
-    assert play.changed > 0
-    assert host.launcher.is_file()
 
 
 def test_the_python_given_runs_the_guard_and_compiles_its_code(host):
