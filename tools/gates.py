@@ -27,9 +27,9 @@ SLOWEST = 10
 # The tests that run on this machine's CPU unsimulated and choose "another target" from what
 # archdetect says of it: run a second time with the CPU simulated as another vendor's.
 HOST_DEPENDENT = (
-    "tests/integration/test_guard_rollout_playbook.py",
+    "tests/integration/test_guard_rollout_playbook.py::test_rollout_tests_the_canary_then_rolls_on_and_reports_the_fleet",
     "tests/integration/test_module_arch_guard_info.py",
-    "tests/integration/test_demo.py::test_guard_demo_shows_the_wrong_build_then_the_right_one",
+    "tests/integration/test_demo.py::test_guard_demo_shows_the_wrong_build_then_the_right_one[root]",
     "tests/integration/test_arch_guard_slurm.py::test_batch_job_is_repaired_once_and_every_task_of_every_step_sees_this_node",
 )
 

@@ -36,7 +36,7 @@ def other_vendor(compatible: tuple) -> str:
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="simulate_cpu.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="simulate_cpu.py", description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--as", dest="target", help="the CPU target to simulate (default: another vendor's)")
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("command", nargs=argparse.REMAINDER)

@@ -440,8 +440,9 @@ GUARD_LINES = [
 
 def test_a_chained_task_prolog_runs_first_and_the_guard_after_it(host):
     """Chained: the site's prolog runs first and the guard after it; a failing site prolog
-    fails the wrapper and the guard does not run; a run that no longer chains removes the
-    wrapper. One install for all three: the wrapper runs the site's file as it is then."""
+    fails the wrapper and the guard does not run; removal is refused while slurm.conf names
+    the wrapper; a run that no longer chains removes the wrapper. One install for all: the
+    wrapper runs the site's file as it is then."""
     site = _executable(
         host.root / "site" / "prolog.sh",
         "#!/bin/sh\necho export SITE_PROLOG_VAR=from-the-site\necho print site-prolog: hello\n",
@@ -467,6 +468,7 @@ def test_a_chained_task_prolog_runs_first_and_the_guard_after_it(host):
     failing = _run([host.wrapper], _job_env(host))
 
     assert (failing.returncode, failing.stdout) == (3, "print site-prolog: broken\n"), failing
+    _assert_a_removal_is_refused_while_slurm_conf_names(host, host.wrapper)
 
     unchained = host.run()
 
@@ -581,6 +583,9 @@ def _change(collection: Path, relative: str, note: str) -> str:
 
 
 def test_a_new_release_of_the_guard_is_switched_in_and_the_build_before_it_kept(root, tmp_path):
+    """Each new release gets a build of its own and the one before it is kept; a run that
+    changes nothing, or finds only an interpreter's leftovers in the source tree, installs
+    nothing."""
     collection = checkout.copy_to(tmp_path / "collection")
     host = Host(root, collection)
     _succeeded(host.run())
@@ -615,32 +620,24 @@ def test_a_new_release_of_the_guard_is_switched_in_and_the_build_before_it_kept(
     assert (fourth.done.returncode, fourth.changed) == (0, 0), fourth.output
     assert host.builds() == sorted([second_build, third_build])
 
-
-def test_a_file_left_in_the_source_tree_by_python_is_not_a_new_release(root, tmp_path):
-    collection = checkout.copy_to(tmp_path / "collection")
-    host = Host(root, collection)
-    _succeeded(host.run())
+    # What an interpreter leaves in the source tree is not part of the code: no new release.
     pycache = collection / "plugins" / "module_utils" / "arch_guard" / "__pycache__"
     pycache.mkdir(exist_ok=True)
     (pycache / "emit.cpython-311.pyc").write_bytes(b"not code")
 
-    again = host.run()
+    fifth = host.run()
 
-    assert (again.done.returncode, again.changed) == (0, 0), again.output
+    assert (fifth.done.returncode, fifth.changed) == (0, 0), fifth.output
 
 
 # ------------------------------------------------------------------ removal
 
 
-@pytest.mark.parametrize("named", ["launcher", "wrapper"])
-def test_removing_a_guard_that_slurm_conf_still_names_is_refused(host, named):
-    site = _executable(host.root / "site" / "prolog.sh", "#!/bin/sh\n")
-    chain = str(site) if named == "wrapper" else ""
-    _succeeded(host.run(arch_guard_chain_task_prolog=chain))
-    slurm_conf = (
-        SLURM_CONF
-        + f'TaskProlog = "{host.prefix}/bin/{"task-prolog" if chain else "eessi-arch-guard"}" # ours\n'
-    )
+def _assert_a_removal_is_refused_while_slurm_conf_names(host, named: Path):
+    """slurm.conf names ``named`` (the launcher or the wrapper): removal is one refused task,
+    and the guard, slurm.conf and the state directory stay as they were."""
+    wrapper_there = host.wrapper.is_file()
+    slurm_conf = SLURM_CONF + f'TaskProlog = "{named}" # ours\n'
     host.slurm_conf.write_text(slurm_conf)
 
     play = host.run(arch_guard_state="absent")
@@ -651,15 +648,18 @@ def test_removing_a_guard_that_slurm_conf_still_names_is_refused(host, named):
         f"arch_guard: {host.slurm_conf} still names the guard as TaskProlog",
     )
     assert host.launcher.is_file()
-    assert host.wrapper.is_file() == bool(chain)
+    assert host.wrapper.is_file() == wrapper_there
     assert host.slurm_conf.read_text() == slurm_conf
     assert not host.state_dir.exists()
+    host.slurm_conf.write_text(SLURM_CONF)
 
 
 def test_removing_a_guard_that_slurm_conf_does_not_name_removes_the_prefix(host):
-    """Check mode first (it reports the removal and removes nothing), then the removal, then
-    a second removal that has nothing left to do."""
+    """While slurm.conf names the launcher, removal is refused; once it names another
+    TaskProlog, check mode reports the removal and removes nothing, then the removal, then a
+    second removal that has nothing left to do."""
     _succeeded(host.run())
+    _assert_a_removal_is_refused_while_slurm_conf_names(host, host.launcher)
     slurm_conf = SLURM_CONF + "TaskProlog=/usr/local/sbin/site-prolog\n"
     host.slurm_conf.write_text(slurm_conf)
 

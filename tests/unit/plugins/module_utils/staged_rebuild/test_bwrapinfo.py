@@ -40,7 +40,7 @@ class Site:
         # The backend's --bwrap-options, as EasyBuild splits them at commas.
         options = ["--ro-bind", self.software, self.software, "--ro-bind", self.modules, self.modules]
         options += ["--bind", self.generation, self.generation]
-        for name in sorted({module.split("/")[0] for module in modules}):
+        for name in sorted({module.split("/", maxsplit=1)[0] for module in modules}):
             options += ["--bind", os.path.join(bwrap_software, name), os.path.join(self.software, name)]
         options += ["--setenv", "EASYBUILD_INSTALLPATH_SOFTWARE", self.software, "--die-with-parent"]
         cmd = ["bwrap", "--dev-bind", "/", "/", *options]
