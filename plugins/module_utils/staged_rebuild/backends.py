@@ -5,11 +5,15 @@
 ``bwrap``: EasyBuild's own bubblewrap mode, with the run's generation directory as its
 bubblewrap install path, and the live software and module trees bind-mounted read-only.
 ``userns``: a private mount namespace (``sandbox``) with the live trees read-only and each
-stage at its live ``Name/version`` path. Both sandboxes show the stage at its live path the
-same way: the live ``<software>/<Name>`` is covered by a view (``sandbox.make_view``) that holds
-the stage as a plain directory and the other live entries bind-mounted read-only, so that
-EasyBuild's ``--rebuild`` removes an ordinary directory, not a mount point (which fails with
-EBUSY and makes EasyBuild retry, sleeping 2 s each time, then empty it instead).
+stage at its live ``Name/version`` path. ``installpath``: EasyBuild builds into separate trees
+in the generation directory, with no kernel sandbox; the stage path is rewritten afterwards.
+``auto`` takes the first of these whose probe succeeds, in that order.
+
+Both sandboxes show the stage at its live path the same way: the live ``<software>/<Name>`` is
+covered by a view (``sandbox.make_view``) that holds the stage as a plain directory and the
+other live entries bind-mounted read-only, so that EasyBuild's ``--rebuild`` removes an
+ordinary directory, not a mount point (which fails with EBUSY and makes EasyBuild retry,
+sleeping 2 s each time, then empty it instead).
 
 EasyBuild's bubblewrap mode runs in two passes: an unsandboxed first pass resolves the
 easyconfigs, creates ``<software path>/Name/version`` and writes ``bwrap_info.json``; then it
@@ -17,9 +21,7 @@ runs itself again under ``bwrap`` with each stage bind-mounted onto that directo
 pass is given ``<generation>/first-pass/software`` as its software path (through
 ``$EASYBUILD_INSTALLPATH_SOFTWARE``, which the sandbox sets back to the live tree for the
 second pass): so it creates nothing in the live tree, and its own binds land out of the way
-of the build, which finds the view at the live path. ``installpath``: EasyBuild builds into separate trees
-in the generation directory, with no kernel sandbox; the stage path is rewritten afterwards.
-``auto`` takes the first of these whose probe succeeds, in that order.
+of the build, which finds the view at the live path.
 
 Every backend leaves, for each module, the install in ``<generation>/software/Name/version``
 and the module file in ``<generation>/modules/all/Name/version.lua``: the planner takes them
