@@ -12,9 +12,14 @@ target must be repaired by the real guard to the host's own target.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
+import checkout
 import eessilike
+import simulate_cpu
 from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard import nodeinfo
 from tests.integration.harness.guard import GuardSite
 
@@ -146,3 +151,69 @@ def test_cpupath_of_an_unreadable_cpuinfo_is_an_error(tmp_path):
         eessilike.cpupath(node)
 
     assert str(caught.value).startswith("archdetect -a cpupath failed (exit ")
+
+
+# tools/simulate_cpu.py: what the other-cpu gate of make test runs the host-dependent tests under
+
+
+@pytest.mark.parametrize("host", HOSTS)
+def test_the_simulated_cpu_of_another_vendor_is_one_the_host_cannot_use(choices, host):
+    compatible, _other = choices[host]
+
+    simulated = simulate_cpu.other_vendor(compatible)
+
+    assert simulated not in compatible
+    assert simulated.split("/")[0] == host.split("/")[0]  # /proc/cpuinfo of the same machine type
+    assert simulated.split("/")[1] != host.split("/")[1]
+
+
+def _simulate(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(checkout.REPO / "tools" / "simulate_cpu.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=CHECK_TIMEOUT,
+        check=False,
+    )
+
+
+def test_a_command_under_simulate_cpu_sees_that_cpu_and_the_machine_does_not():
+    real = eessilike.cpupath()
+    simulated = simulate_cpu.other_vendor(real)
+
+    done = _simulate("--", "bash", str(eessilike.STANDIN), "cpupath")
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == simulated
+    assert eessilike.cpupath() == real  # the bind mount stayed in the command's namespace
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("x86_64/intel/nehalem", "simulate_cpu: no cpuinfo dump for x86_64/intel/nehalem; known: "),
+        ("riscv64/generic", "simulate_cpu: no cpuinfo dump for riscv64/generic; known: "),
+    ],
+)
+def test_simulate_cpu_refuses_a_cpu_it_has_no_dump_for(target, message):
+    done = _simulate("--as", target, "--", "true")
+
+    assert done.returncode == 2
+    assert done.stderr.startswith(message)
+
+
+def test_simulate_cpu_refuses_a_cpu_of_another_machine_type():
+    x86_64 = eessilike.cpupath()[0].startswith("x86_64/")
+    other_machine = "aarch64/neoverse_v1" if x86_64 else "x86_64/amd/zen3"
+
+    done = _simulate("--as", other_machine, "--", "true")
+
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"simulate_cpu: {other_machine} is not of this machine's type")
+
+
+def test_simulate_cpu_without_a_command_is_a_usage_error():
+    done = _simulate("--as", "x86_64/amd/zen3")
+
+    assert done.returncode == 2
+    assert "no command given" in done.stderr
