@@ -164,8 +164,8 @@ CASES = [
     Comparison(
         f"isolation_overhead ({_who()})",
         [
-            Subject("eb-staged-rebuild --backend userns", _tool("userns")),
-            Subject("eb-staged-rebuild --backend bwrap", _tool("bwrap")),
+            Subject("eb-staged-rebuild --backend userns (goal <= 1.5)", _tool("userns")),
+            Subject("eb-staged-rebuild --backend bwrap (goal <= in place + 1 s)", _tool("bwrap")),
             Subject("eb --experimental --bwrap (alone)", easybuild_bwrap),
         ],
         "eb --rebuild (in place)",
