@@ -15,7 +15,10 @@ pass``, the floor of any Python prolog:
 - 64 concurrent: 64 tasks of one step (same job, step and node, ``SLURM_LOCALID`` 0 to 63)
   started at once in a mismatched environment, until the slowest exits.
 
-A second case sets the 64 concurrent tasks beside one cold reload decision, as does the
+A second case sets the cold reload beside its floor: one bash with the same task
+environment that runs EESSI's two archdetect calls, one Lmod call unloading EESSI and one
+loading every module the task had (``FLOOR_SCRIPT``); goal: at most 1.2x. A third sets the
+64 concurrent tasks beside one cold reload decision, as does the
 floor of that figure on this machine: 64 bare interpreters started the same way (with
 fewer CPUs than tasks, the interpreters queue for them). Goals: cache hit at most
 1.5x the bare interpreter, 64 concurrent tasks at most 1.5x one cold decision.
@@ -53,6 +56,7 @@ ROUNDS = 15
 CONCURRENT_ROUNDS = 10
 TASKS = 64
 GOAL = 1.5
+FLOOR_GOAL = 1.2
 # 64 tasks on this many CPUs: with fewer CPUs than tasks their interpreters queue for them.
 CPUS = len(os.sched_getaffinity(0))
 # The interpreter behind the venv's python, as a node's TaskProlog would name it.
@@ -206,6 +210,33 @@ def _cold(label: str, job: str, check):
 cold_match = _cold("match", "matching", _check_match)
 cold_reload = _cold("reload", "mismatched", _check_reload)
 
+# The least any reload can cost: EESSI's two archdetect calls, then one Lmod call that unloads
+# EESSI and one that loads every module the task had, in one bash with the task's environment.
+FLOOR_SCRIPT = r"""
+archdetect=$EESSI_PREFIX/init/eessi_archdetect.sh
+bash "$archdetect" -a cpupath > /dev/null
+bash "$archdetect" accelpath > /dev/null
+eval "$("$LMOD_CMD" bash unload EESSI 2>/dev/null)"
+eval "$("$LMOD_CMD" bash load "$@" 2>/dev/null)"
+printf '%s' "$EESSI_SOFTWARE_SUBDIR"
+"""
+
+
+def reload_floor(_scratch: Path, site: Site):
+    """One bash doing what a reload must do at the least (``FLOOR_SCRIPT``), checked to land
+    on the target the guard's reload lands on."""
+    modules = site.mismatched["LOADEDMODULES"].split(":")
+    argv = ["bash", "--noprofile", "--norc", "-c", FLOOR_SCRIPT, "floor", *modules]
+    env = _task(site.mismatched, 0, site.scratch)
+    expected = site.matching["EESSI_SOFTWARE_SUBDIR"].encode()
+
+    def floor():
+        landed = _run(argv, env).stdout
+        if landed != expected:
+            raise BenchError(f"guard_latency: the floor's reload landed on {landed!r}, not {expected!r}")
+
+    return floor
+
 
 # --------------------------------------------------------------------------- 64 tasks
 
@@ -349,6 +380,14 @@ CASES = [
         bare_interpreter,
         rounds=ROUNDS,
         setup=make_site_and_report,
+    ),
+    Comparison(
+        "guard_latency",
+        [Subject(f"cold reload decision (goal <= {FLOOR_GOAL})", cold_reload)],
+        "the floor: archdetect twice, one Lmod unload and one load",
+        reload_floor,
+        rounds=ROUNDS,
+        setup=make_site,
     ),
     Comparison(
         f"guard_latency ({CPUS} CPUs)",

@@ -10,6 +10,7 @@ must end up where a fresh ``module load`` of the same modules on the compute nod
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
@@ -190,3 +191,44 @@ def test_lmod_and_module_output_never_reach_the_prolog_output(guard_site):
     assert task["EESSI_SOFTWARE_SUBDIR"] == compute[0]
     assert b"INJECTED" not in run.stdout + run.stderr
     assert not {"INJECTED_BY_MESSAGE", "INJECTED_BY_STDERR"} & set(task)
+
+
+def _counting_lmod(tmp_path, job: dict) -> Path:
+    """``job``'s ``LMOD_CMD`` behind a wrapper that logs each call's subcommand and modules."""
+    log = tmp_path / "lmod-calls"
+    wrapper = tmp_path / "lmod"
+    wrapper.write_text(f'#!/bin/bash\nprintf "%s\\n" "${{*:2}}" >> {log}\nexec {job["LMOD_CMD"]} "$@"\n')
+    wrapper.chmod(0o755)
+    job["LMOD_CMD"] = str(wrapper)
+    return log
+
+
+def test_the_reload_unloads_every_module_in_one_lmod_call_and_loads_them_in_one(guard_site, tmp_path):
+    # Each Lmod call pays Lmod's start; a task's modules cost one call to unload, one to load.
+    job = guard_site.job_env(CPU_NODES[0], CPU_NODES[2], SLURM_LOCALID="0")
+    modules = job["LOADEDMODULES"].split(":")
+    log = _counting_lmod(tmp_path, job)
+
+    run, task = guard_site.as_prolog(job)
+
+    assert run.returncode == 0, run.stderr
+    assert log.read_text().splitlines() == [
+        f"unload {' '.join(reversed(modules))}",
+        f"load {' '.join(modules)}",
+    ]
+    assert task["EESSI_SOFTWARE_SUBDIR"] == CPU_NODES[2][0]
+
+
+def test_a_module_that_cannot_load_is_found_by_loading_them_one_by_one(guard_site, tmp_path):
+    guard_site.prefix.write_module(CPU_NODES[0][0], "OnlyOnHaswellToo/1.0", 'setenv("ONLY", "haswell")\n')
+    modules = (*eessilike.default_modules(guard_site.prefix), "OnlyOnHaswellToo/1.0")
+    job = guard_site.job_env(CPU_NODES[0], CPU_NODES[2], modules, EESSI_ARCH_GUARD_VERBOSE="1")
+    log = _counting_lmod(tmp_path, job)
+
+    run = guard_site.run(job)
+
+    assert run.returncode == 0
+    assert b"module OnlyOnHaswellToo/1.0 failed to load" in run.stderr
+    calls = log.read_text().splitlines()
+    assert calls[:2] == [f"unload {' '.join(reversed(modules))}", f"load {' '.join(modules)}"]
+    assert calls[2:] == [f"load {module}" for module in modules]

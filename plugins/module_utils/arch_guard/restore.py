@@ -23,7 +23,11 @@ from . import archdetect, envdelta, settings
 
 # $1: the env program, $2...: the modules, in load order. The work directory is the cwd.
 # Lmod ends its output with `false` when a command fails, so eval's status is Lmod's; the
-# LOADEDMODULES check catches a module that Lmod skipped without saying so.
+# LOADEDMODULES check catches a module that Lmod skipped without saying so. One Lmod call
+# unloads them all (last first) and one loads them again, since each call pays Lmod's start;
+# only when either fails are they taken one by one, as before, so that a module that cannot
+# be loaded is named and Lmod's words about it are the helper's stderr (the one-call load's
+# own words would say it twice, so they are dropped).
 HELPER_SCRIPT = r"""
 env_tool=$1
 shift
@@ -32,17 +36,34 @@ lmod() {
     code=$("$LMOD_CMD" bash "$@") || return 1
     eval "$code"
 }
-"$env_tool" -0 > before.env || exit 90
-for (( i = $#; i >= 1; i-- )); do
-    lmod unload "${!i}"
-done
-for module in "$@"; do
-    lmod load "$module"
+loaded() {
     case ":${LOADEDMODULES-}:" in
-        *":$module:"*) ;;
-        *) printf '%s' "$module" > failed-module; exit 3 ;;
+        *":$1:"*) return 0 ;;
     esac
+    return 1
+}
+all_loaded() {
+    local module
+    for module in "$@"; do
+        loaded "$module" || return 1
+    done
+}
+"$env_tool" -0 > before.env || exit 90
+last_first=()
+for (( i = $#; i >= 1; i-- )); do
+    last_first+=("${!i}")
 done
+if ! lmod unload "${last_first[@]}"; then
+    for module in "${last_first[@]}"; do
+        lmod unload "$module"
+    done
+fi
+if ! lmod load "$@" 2>/dev/null || ! all_loaded "$@"; then
+    for module in "$@"; do
+        lmod load "$module"
+        loaded "$module" || { printf '%s' "$module" > failed-module; exit 3; }
+    done
+fi
 "$env_tool" -0 > after.env || exit 91
 : > complete
 """
