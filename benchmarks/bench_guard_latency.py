@@ -21,7 +21,12 @@ loading every module the task had (``FLOOR_SCRIPT``); goal: at most 1.2x. A thir
 64 concurrent tasks beside one cold reload decision, as does the
 floor of that figure on this machine: 64 bare interpreters started the same way (with
 fewer CPUs than tasks, the interpreters queue for them). Goals: cache hit at most
-1.5x the bare interpreter, 64 concurrent tasks at most 1.5x one cold decision.
+1.5x the bare interpreter, 64 concurrent tasks at most 1.5x one cold decision. A fourth
+measures CPU time instead of wall time (user and system, of every process the tasks
+started): the 64 concurrent tasks against what they need at the least, one cold reload and
+then 63 cache hits one after another; goal: at most 1.2x. On a node with fewer CPUs than
+tasks the wall-time ratio says how the tasks queue; the CPU-time ratio says what the step's
+waiting for its first task costs.
 
 The guard runs as a node without an installation runs it, ``python3 -IS`` with the
 checkout's ``module_utils`` on ``sys.path`` as the package ``hpcstack_ops``, with the real
@@ -50,7 +55,7 @@ from pathlib import Path
 import checkout
 import eessilike
 import stackenv
-from benchlib import Comparison, Subject
+from benchlib import CPU, Comparison, Subject
 
 ROUNDS = 15
 CONCURRENT_ROUNDS = 10
@@ -308,6 +313,21 @@ def concurrent_step(_scratch: Path, site: Site):
     return step_of_tasks
 
 
+def sequential_step(_scratch: Path, site: Site):
+    """The CPU a step's tasks need at the least: one cold decision, then the other 63 tasks
+    one after another, each a cache hit."""
+
+    def step_one_by_one():
+        tmpdir = site.fresh("one-by-one")
+        first = _run(site.argv(), _task(site.mismatched, 0, tmpdir)).stdout
+        _check_reload(first, None)
+        for local_id in range(1, TASKS):
+            if _run(site.argv(), _task(site.mismatched, local_id, tmpdir)).stdout != _without_print(first):
+                raise BenchError("guard_latency: a cache hit after the step's first task gave other output")
+
+    return step_one_by_one
+
+
 def concurrent_bare(_scratch: Path, site: Site):
     """The floor of any Python prolog: ``TASKS`` bare interpreters started the same way."""
     return lambda: _finish(*_start(list(BARE), site.mismatched, site.fresh("bare"), {}))
@@ -399,5 +419,14 @@ CASES = [
         cold_reload,
         rounds=CONCURRENT_ROUNDS,
         setup=make_site,
+    ),
+    Comparison(
+        "guard_latency (CPU time)",
+        [Subject(f"{TASKS} concurrent tasks of one step (goal <= {FLOOR_GOAL})", concurrent_step)],
+        f"one cold reload, then {TASKS - 1} cache hits one by one",
+        sequential_step,
+        rounds=CONCURRENT_ROUNDS,
+        setup=make_site,
+        clock=CPU,
     ),
 ]

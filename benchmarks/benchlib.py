@@ -28,6 +28,10 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 Operation = Callable[[], None]
+# What a timing case measures of each operation: its wall time, or the CPU time (user and
+# system) of the child processes it started and waited for, theirs included.
+WALL = "wall"
+CPU = "cpu"
 # Given a fresh scratch directory (and, with a setup, its result): the operation to time.
 Factory = Callable[..., Operation]
 
@@ -47,6 +51,7 @@ class Case:
     # Called once with its own scratch directory before the factories; its result is the
     # factories' second argument (the one tree both sides read, say).
     setup: Optional[Callable[[Path], Any]] = None
+    clock: str = WALL
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,7 @@ class Comparison:
     baseline: Factory
     rounds: int = 3
     setup: Optional[Callable[[Path], Any]] = None
+    clock: str = WALL
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import contextlib
 import importlib
 import multiprocessing
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -30,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "tools")]
 
 import checkout  # noqa: E402
-from benchlib import MISSING, OK, PARTIAL, Case, Comparison, WindowCase  # noqa: E402
+from benchlib import CPU, MISSING, OK, PARTIAL, WALL, Case, Comparison, WindowCase  # noqa: E402
 
 READER_TIMEOUT = 30
 # Where window cases make their trees: the filesystem is what they measure (see _window_root).
@@ -46,8 +47,19 @@ def _subjects(case):
     return [(case.name, case.subject)]
 
 
+def _children_cpu_ns() -> int:
+    """User and system CPU of every child this process has waited for, in ns."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return int((used.ru_utime + used.ru_stime) * 1e9)
+
+
+_CLOCKS = {WALL: time.perf_counter_ns, CPU: _children_cpu_ns}
+
+
 def _time_rounds(case, factories):
-    """The median ns of each of ``factories``' operations, interleaved round by round."""
+    """The median ns of each of ``factories``' operations, interleaved round by round, on the
+    case's clock (wall time, or the CPU time of the children an operation waited for)."""
+    clock = _CLOCKS[case.clock]
     with contextlib.ExitStack() as scratches:
 
         def scratch():
@@ -58,9 +70,9 @@ def _time_rounds(case, factories):
         samples = [[] for _operation in operations]
         for _round in range(case.rounds):
             for operation, taken in zip(operations, samples):
-                started = time.perf_counter_ns()
+                started = clock()
                 operation()
-                taken.append(time.perf_counter_ns() - started)
+                taken.append(clock() - started)
     return [statistics.median(taken) for taken in samples]
 
 
