@@ -24,6 +24,8 @@ Layout written by ``build_prefix(root)`` (version 2023.06)::
         compat/linux/<machine>/{bin,usr/bin}        EPREFIX (empty)
         software/linux/<target>/software/<Name>/<ver>/bin/<cmd>
         software/linux/<target>/modules/all/<Name>/<ver>.lua
+        software/linux/<target>/.lmod/SitePackage.lua    the GPU module's driver hook (LMOD_PACKAGE_PATH)
+        scripts/gpu_support/nvidia/get_cuda_driver_version.sh   what the hook sources
         software/linux/<target>/accel/nvidia/cc80/{software,modules/all}   GpuKit/1.0
 
 Imported by the integration tests and by ``tools/demo.py``; ``tools/check_archdetect.py``
@@ -48,6 +50,8 @@ HERE = Path(__file__).resolve().parent / "eessi_like"
 STANDIN = HERE / "eessi_archdetect.sh"
 CPUINFO_DIR = HERE / "cpuinfo"
 MODULE_FILE = HERE / "EESSI.lua"
+SITE_PACKAGE = HERE / "SitePackage.lua"
+CUDA_DRIVER_SCRIPT = HERE / "get_cuda_driver_version.sh"
 FAKE_NVIDIA_SMI = HERE / "nvidia-smi"
 _INIT_SCRIPTS = (
     "eessi_archdetect.sh",
@@ -68,9 +72,11 @@ DEFAULT_ACCEL = {"x86_64/intel/icelake": "accel/nvidia/cc80"}
 USER_MODULES = {"UserA/1.0": "usera", "UserB/2.0": "userb"}
 GPU_MODULE = ("GpuKit/1.0", "gpukit")
 GPU_VARIABLE = "EESSI_LIKE_GPU_COMPUTE_CAP"
+# The CUDA version the fake nvidia-smi's driver reports (12.2 when unset).
+CUDA_DRIVER_VARIABLE = "EESSI_LIKE_CUDA_DRIVER_VERSION"
 # The variables that make a shell "a node" (node_env); without them archdetect reads the
 # real machine.
-NODE_VARIABLES = ("EESSI_PROC_CPUINFO", "EESSI_MACHINE_TYPE", GPU_VARIABLE)
+NODE_VARIABLES = ("EESSI_PROC_CPUINFO", "EESSI_MACHINE_TYPE", GPU_VARIABLE, CUDA_DRIVER_VARIABLE)
 # Variables of a node, not of a login: a clean base drops them whatever the caller had.
 _NODE_PREFIXES = ("EESSI_", "EESSI_LIKE_")
 
@@ -243,6 +249,10 @@ def _install_init(prefix: Path, root: Path, version: str) -> None:
         _write(init / "arch_specs" / machine, (HERE / "arch_specs" / machine).read_text())
     _write(root / "init" / "modules" / "EESSI" / f"{version}.lua", MODULE_FILE.read_text())
     _write(root / "node-bin" / "nvidia-smi", FAKE_NVIDIA_SMI.read_text(), 0o755)
+    _write(
+        prefix / "scripts" / "gpu_support" / "nvidia" / CUDA_DRIVER_SCRIPT.name,
+        CUDA_DRIVER_SCRIPT.read_text(),
+    )
     for name in CPUINFO_FIXTURES.values():
         _write(root / "node-cpuinfo" / name, (CPUINFO_DIR / name).read_text())
 
@@ -256,6 +266,7 @@ def _install_package(software: Path, modules: Path, name: str, command: str, say
 
 def _install_target(prefix: Path, target: str, accel: str | None, omit: set) -> None:
     base = prefix / "software" / "linux" / target
+    _write(base / ".lmod" / SITE_PACKAGE.name, SITE_PACKAGE.read_text())
     (base / "software").mkdir(parents=True, exist_ok=True)
     (base / "modules" / "all").mkdir(parents=True, exist_ok=True)
     for name, command in USER_MODULES.items():

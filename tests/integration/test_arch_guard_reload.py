@@ -203,8 +203,11 @@ def _counting_lmod(tmp_path, job: dict) -> Path:
     return log
 
 
-def test_the_reload_unloads_every_module_in_one_lmod_call_and_loads_them_in_one(guard_site, tmp_path):
-    # Each Lmod call pays Lmod's start; a task's modules cost one call to unload, one to load.
+def test_the_reload_unloads_in_one_lmod_call_and_loads_up_to_eessi_in_one_and_the_rest_in_one(
+    guard_site, tmp_path
+):
+    # Each Lmod call pays Lmod's start; the modules after EESSI's get a call of their own, which
+    # starts with the LMOD_PACKAGE_PATH (the SitePackage) EESSI's module set.
     job = guard_site.job_env(CPU_NODES[0], CPU_NODES[2], SLURM_LOCALID="0")
     modules = job["LOADEDMODULES"].split(":")
     log = _counting_lmod(tmp_path, job)
@@ -212,9 +215,11 @@ def test_the_reload_unloads_every_module_in_one_lmod_call_and_loads_them_in_one(
     run, task = guard_site.as_prolog(job)
 
     assert run.returncode == 0, run.stderr
+    assert modules[0].startswith("EESSI/")
     assert log.read_text().splitlines() == [
         f"unload {' '.join(reversed(modules))}",
-        f"load {' '.join(modules)}",
+        f"load {modules[0]}",
+        f"load {' '.join(modules[1:])}",
     ]
     assert task["EESSI_SOFTWARE_SUBDIR"] == CPU_NODES[2][0]
 
@@ -230,5 +235,9 @@ def test_a_module_that_cannot_load_is_found_by_loading_them_one_by_one(guard_sit
     assert run.returncode == 0
     assert b"module OnlyOnHaswellToo/1.0 failed to load" in run.stderr
     calls = log.read_text().splitlines()
-    assert calls[:2] == [f"unload {' '.join(reversed(modules))}", f"load {' '.join(modules)}"]
-    assert calls[2:] == [f"load {module}" for module in modules]
+    assert calls[:3] == [
+        f"unload {' '.join(reversed(modules))}",
+        f"load {modules[0]}",
+        f"load {' '.join(modules[1:])}",
+    ]
+    assert calls[3:] == [f"load {module}" for module in modules]

@@ -49,6 +49,12 @@ OMITTED_NAMES = frozenset(
 )
 OMITTED_PREFIXES = ("BASH_FUNC_", "SLURM_")
 
+# Facts EESSI detects about the node it runs on and keeps in the environment, detecting them
+# again only while they are unset (its SitePackage caches the driver's CUDA version for its
+# GPU modules): one inherited from a login node would outlive the reload. The reload starts
+# without them, and the task gets what this node's detection gave, or loses them.
+NODE_FACTS = ("EESSI_CUDA_DRIVER_VERSION",)
+
 # Names a bash child reads at start-up and acts on (a startup file, shell options, exported
 # functions that would shadow the commands the helper runs). They are omitted from every
 # delta, so dropping them from a child's environment changes nothing the task sees.
@@ -68,16 +74,31 @@ def child_environment(task_env) -> dict:
     }
 
 
+def reload_environment(task_env) -> dict:
+    """What the restore helper starts from: ``child_environment`` without the node facts, so
+    that this node's own detection runs."""
+    env = child_environment(task_env)
+    for name in NODE_FACTS:
+        env.pop(name, None)
+    return env
+
+
 def compute(task_env, before, after) -> list:
     """The changes that take ``task_env`` to the restored environment.
 
     ``before`` and ``after`` are the helper's environment before and after the reload, read
     by the same shell: comparing them (rather than ``task_env`` with ``after``) leaves out
     what the shell itself changed at start-up, such as dropping ``PS1`` or setting ``SHLVL``.
-    Sorted by name, so equal inputs give equal output.
+    The node facts, which the helper started without, are ``after``'s or none. Sorted by
+    name, so equal inputs give equal output.
     """
     changes = []
-    for name in sorted(set(before) | set(after)):
+    for name in sorted(set(before) | set(after) | set(NODE_FACTS)):
+        if name in NODE_FACTS:
+            # The helper started without it (reload_environment): after holds this node's.
+            if task_env.get(name) != after.get(name):
+                changes.append((name, after.get(name)))
+            continue
         if is_omitted(name) or before.get(name) == after.get(name):
             continue
         if name in after:

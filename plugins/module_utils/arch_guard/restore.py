@@ -23,11 +23,16 @@ from . import archdetect, envdelta, settings
 
 # $1: the env program, $2...: the modules, in load order. The work directory is the cwd.
 # Lmod ends its output with `false` when a command fails, so eval's status is Lmod's; the
-# LOADEDMODULES check catches a module that Lmod skipped without saying so. One Lmod call
-# unloads them all (last first) and one loads them again, since each call pays Lmod's start;
-# only when either fails are they taken one by one, as before, so that a module that cannot
-# be loaded is named and Lmod's words about it are the helper's stderr (the one-call load's
-# own words would say it twice, so they are dropped).
+# LOADEDMODULES check catches a module that Lmod skipped without saying so.
+#
+# Each Lmod call pays Lmod's start, so one call unloads every module (last first) and the
+# loads take two: the modules up to the EESSI module, then the rest. Two, because EESSI's
+# module points LMOD_PACKAGE_PATH at its SitePackage (its load hooks: the GPU driver check
+# among them), which Lmod reads when it starts: the modules after it get those hooks, as in
+# a login that loads EESSI first. Only when a call fails, or a module is missing afterwards,
+# are the modules taken one by one, so that the module that cannot be loaded is named and
+# Lmod's words about it are the helper's stderr (the grouped loads' words are dropped, or
+# they would be said twice).
 HELPER_SCRIPT = r"""
 env_tool=$1
 shift
@@ -48,6 +53,19 @@ all_loaded() {
         loaded "$module" || return 1
     done
 }
+grouped_load() {
+    local split=$# i
+    for (( i = 1; i <= $#; i++ )); do
+        case ${!i} in
+            EESSI/*) split=$i; break ;;
+        esac
+    done
+    lmod load "${@:1:split}" 2>/dev/null || return 1
+    if (( split < $# )); then
+        lmod load "${@:split+1}" 2>/dev/null || return 1
+    fi
+    all_loaded "$@"
+}
 "$env_tool" -0 > before.env || exit 90
 last_first=()
 for (( i = $#; i >= 1; i-- )); do
@@ -58,7 +76,7 @@ if ! lmod unload "${last_first[@]}"; then
         lmod unload "$module"
     done
 fi
-if ! lmod load "$@" 2>/dev/null || ! all_loaded "$@"; then
+if ! grouped_load "$@"; then
     for module in "$@"; do
         lmod load "$module"
         loaded "$module" || { printf '%s' "$module" > failed-module; exit 3; }
@@ -121,7 +139,7 @@ def reload_modules(env, modules, deadline: Deadline) -> Report:
             work = _make_work_dir(env)
         try:
             result = proc.run_child(
-                argv + list(modules), env=envdelta.child_environment(env), deadline=deadline, cwd=work
+                argv + list(modules), env=envdelta.reload_environment(env), deadline=deadline, cwd=work
             )
         except OSError as err:
             raise RestoreFailed(f"cannot start the restore helper: {err.strerror}") from None
