@@ -17,7 +17,10 @@ pass``, the floor of any Python prolog:
 
 A second case sets the cold reload beside its floor: one bash with the same task
 environment that runs EESSI's two archdetect calls, one Lmod call unloading EESSI and one
-loading every module the task had (``FLOOR_SCRIPT``); goal: at most 1.2x. A third sets the
+loading every module the task had (``FLOOR_SCRIPT``); goal: at most 1.2x. Beside it the
+same floor with the load in two calls, EESSI's module and then the rest, as the guard loads
+them so that EESSI's SitePackage hooks apply to the modules after it
+(``FLOOR_WITH_HOOKS_SCRIPT``). A third sets the
 64 concurrent tasks beside one cold reload decision, as does the
 floor of that figure on this machine: 64 bare interpreters started the same way (with
 fewer CPUs than tasks, the interpreters queue for them). Goals: cache hit at most
@@ -225,22 +228,44 @@ eval "$("$LMOD_CMD" bash unload EESSI 2>/dev/null)"
 eval "$("$LMOD_CMD" bash load "$@" 2>/dev/null)"
 printf '%s' "$EESSI_SOFTWARE_SUBDIR"
 """
+# The same with the load in two calls, EESSI's module and then the rest, as the guard loads
+# them: Lmod reads the SitePackage EESSI's module names (LMOD_PACKAGE_PATH) when a call
+# starts, so only then do EESSI's load hooks apply to the modules after it.
+FLOOR_WITH_HOOKS_SCRIPT = r"""
+archdetect=$EESSI_PREFIX/init/eessi_archdetect.sh
+bash "$archdetect" -a cpupath > /dev/null
+bash "$archdetect" accelpath > /dev/null
+eval "$("$LMOD_CMD" bash unload EESSI 2>/dev/null)"
+eval "$("$LMOD_CMD" bash load "$1" 2>/dev/null)"
+eval "$("$LMOD_CMD" bash load "${@:2}" 2>/dev/null)"
+printf '%s' "$EESSI_SOFTWARE_SUBDIR"
+"""
 
 
-def reload_floor(_scratch: Path, site: Site):
-    """One bash doing what a reload must do at the least (``FLOOR_SCRIPT``), checked to land
-    on the target the guard's reload lands on."""
-    modules = site.mismatched["LOADEDMODULES"].split(":")
-    argv = ["bash", "--noprofile", "--norc", "-c", FLOOR_SCRIPT, "floor", *modules]
-    env = _task(site.mismatched, 0, site.scratch)
-    expected = site.matching["EESSI_SOFTWARE_SUBDIR"].encode()
+def _floor(script: str):
+    """One bash running ``script`` in the mismatched task's environment (EESSI's module first
+    in LOADEDMODULES), checked to land on the target the guard's reload lands on."""
 
-    def floor():
-        landed = _run(argv, env).stdout
-        if landed != expected:
-            raise BenchError(f"guard_latency: the floor's reload landed on {landed!r}, not {expected!r}")
+    def factory(_scratch: Path, site: Site):
+        modules = site.mismatched["LOADEDMODULES"].split(":")
+        if not modules[0].startswith("EESSI/"):
+            raise BenchError(f"guard_latency: the login loaded {modules[0]} before EESSI")
+        argv = ["bash", "--noprofile", "--norc", "-c", script, "floor", *modules]
+        env = _task(site.mismatched, 0, site.scratch)
+        expected = site.matching["EESSI_SOFTWARE_SUBDIR"].encode()
 
-    return floor
+        def floor():
+            landed = _run(argv, env).stdout
+            if landed != expected:
+                raise BenchError(f"guard_latency: the floor's reload landed on {landed!r}, not {expected!r}")
+
+        return floor
+
+    return factory
+
+
+reload_floor = _floor(FLOOR_SCRIPT)
+reload_floor_with_hooks = _floor(FLOOR_WITH_HOOKS_SCRIPT)
 
 
 # --------------------------------------------------------------------------- 64 tasks
@@ -406,6 +431,14 @@ CASES = [
         [Subject(f"cold reload decision (goal <= {FLOOR_GOAL})", cold_reload)],
         "the floor: archdetect twice, one Lmod unload and one load",
         reload_floor,
+        rounds=ROUNDS,
+        setup=make_site,
+    ),
+    Comparison(
+        "guard_latency",
+        [Subject("cold reload decision", cold_reload)],
+        "the floor with EESSI's hooks: the load in two calls",
+        reload_floor_with_hooks,
         rounds=ROUNDS,
         setup=make_site,
     ),
