@@ -24,8 +24,9 @@ from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard import nod
 from tests.integration.harness.guard import GuardSite
 
 HOSTS = tuple(eessilike.CPUINFO_FIXTURES)
-# Where a job is repaired for real (Lmod and the guard, about a second each): one CPU of each
-# kind the issue of a fixed "other" target came from, and both machine types.
+# Where a job is repaired for real (Lmod and the guard, about a second each): Intel hosts
+# with and without AVX-512 (which list older Intel targets as compatible), AMD hosts, a
+# generic x86_64 one, and an aarch64 one.
 GUARDED_HOSTS = (
     "x86_64/intel/haswell",
     "x86_64/intel/icelake",
