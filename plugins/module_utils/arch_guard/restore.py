@@ -71,12 +71,12 @@ last_first=()
 for (( i = $#; i >= 1; i-- )); do
     last_first+=("${!i}")
 done
-if ! lmod unload "${last_first[@]}"; then
+if (( $# > 0 )) && ! lmod unload "${last_first[@]}"; then
     for module in "${last_first[@]}"; do
         lmod unload "$module"
     done
 fi
-if ! grouped_load "$@"; then
+if (( $# > 0 )) && ! grouped_load "$@"; then
     for module in "$@"; do
         lmod load "$module"
         loaded "$module" || { printf '%s' "$module" > failed-module; exit 3; }

@@ -100,3 +100,41 @@ def test_the_child_environment_keeps_everything_else_and_copies():
     child = envdelta.child_environment(task)
     assert child == task
     assert child is not task
+
+
+# node facts: EESSI's cached detections about the node it ran on
+
+
+FACT = "EESSI_CUDA_DRIVER_VERSION"
+
+
+def test_the_node_facts_are_the_driver_version():
+    assert envdelta.NODE_FACTS == (FACT,)
+
+
+def test_the_reload_starts_without_the_node_facts():
+    task = {FACT: "11.4", "PATH": "/usr/bin", "BASH_ENV": "/x"}
+
+    env = envdelta.reload_environment(task)
+
+    assert env == {"PATH": "/usr/bin"}
+    assert task[FACT] == "11.4"  # the task's own environment is not changed
+
+
+def test_a_node_fact_the_reload_detected_replaces_the_inherited_one():
+    # The helper started without it, so before lacks it; after holds this node's answer.
+    changes = envdelta.compute({FACT: "11.4"}, {}, {FACT: "12.2"})
+
+    assert changes == [(FACT, "12.2")]
+
+
+def test_a_node_fact_the_reload_did_not_detect_is_unset():
+    assert envdelta.compute({FACT: "12.2", "A": "1"}, {"A": "1"}, {"A": "1"}) == [(FACT, None)]
+
+
+def test_a_node_fact_equal_to_the_task_s_is_not_repeated():
+    assert envdelta.compute({FACT: "12.2"}, {}, {FACT: "12.2"}) == []
+
+
+def test_a_node_fact_neither_side_has_changes_nothing():
+    assert envdelta.compute({"A": "1"}, {"A": "1"}, {"A": "1"}) == []
