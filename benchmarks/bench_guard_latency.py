@@ -1,4 +1,5 @@
-"""What eessi-arch-guard adds to a task's start: the TaskProlog, four ways, in one run.
+"""What eessi-arch-guard adds to a task's start: the TaskProlog, four ways, in one run, and
+what the cold reload and a step of 64 tasks cost against their floors.
 
 Slurm runs the TaskProlog for every task of every step, 128 of them at once on a big node,
 and the task waits for it. Each way is timed as the wall time of the guard's process (or,
@@ -15,18 +16,17 @@ pass``, the floor of any Python prolog:
 - 64 concurrent: 64 tasks of one step (same job, step and node, ``SLURM_LOCALID`` 0 to 63)
   started at once in a mismatched environment, until the slowest exits.
 
-A second case sets the cold reload beside its floor: one bash with the same task
+Two more cases set the cold reload beside its floor: one bash with the same task
 environment that runs EESSI's two archdetect calls, one Lmod call unloading EESSI and one
-loading every module the task had (``FLOOR_SCRIPT``); goal: at most 1.2x. Beside it the
-same floor with the load in two calls, EESSI's module and then the rest, as the guard loads
-them so that EESSI's SitePackage hooks apply to the modules after it
-(``FLOOR_WITH_HOOKS_SCRIPT``). A third sets the
-64 concurrent tasks beside one cold reload decision, as does the
-floor of that figure on this machine: 64 bare interpreters started the same way (with
-fewer CPUs than tasks, the interpreters queue for them). Goals: cache hit at most
-1.5x the bare interpreter, 64 concurrent tasks at most 1.5x one cold decision. A fourth
-measures CPU time instead of wall time (user and system, of every process the tasks
-started): the 64 concurrent tasks against what they need at the least, one cold reload and
+loading every module the task had (``FLOOR_SCRIPT``; goal: at most 1.2x), and the same floor
+with the load in two calls, EESSI's module and then the rest, as the guard loads them so
+that EESSI's SitePackage hooks apply to the modules after it (``FLOOR_WITH_HOOKS_SCRIPT``).
+Another sets the 64 concurrent tasks beside one cold reload decision, as does the floor of
+that figure on this machine: 64 bare interpreters started the same way (with fewer CPUs
+than tasks, the interpreters queue for them). Goals: cache hit at most 1.5x the bare
+interpreter, 64 concurrent tasks at most 1.5x one cold decision. The last measures CPU
+time instead of wall time (user and system, of every process the tasks started): the 64
+concurrent tasks against what they need at the least, one cold reload and
 then 63 cache hits one after another; goal: at most 1.2x. On a node with fewer CPUs than
 tasks the wall-time ratio says how the tasks queue; the CPU-time ratio says what the step's
 waiting for its first task costs.
@@ -124,14 +124,14 @@ def _run(argv, env) -> subprocess.CompletedProcess:
 
 
 def _this_node() -> tuple:
-    """This machine as a node: its variables, and the stand-in's candidates for its CPU."""
+    """This machine as a node: its variables, its target and one it cannot use."""
     node = {
         "EESSI_PROC_CPUINFO": "/proc/cpuinfo",
         "EESSI_MACHINE_TYPE": os.uname().machine,
         eessilike.GPU_VARIABLE: "",
     }
     try:
-        return node, eessilike.cpupath(node)
+        return (node, *eessilike.node_and_elsewhere(node))
     except eessilike.EessiLikeError as err:
         raise BenchError(f"guard_latency: the archdetect stand-in failed for /proc/cpuinfo: {err}") from None
 
@@ -139,8 +139,7 @@ def _this_node() -> tuple:
 def make_site(scratch: Path) -> Site:
     """The EESSI-like prefix with this node's target and another, and a login on each."""
     lmod = stackenv.find_lmod()
-    node, candidates = _this_node()
-    here, there = candidates[0], eessilike.target_elsewhere(candidates)
+    node, here, there = _this_node()
     prefix = eessilike.build_prefix(scratch / "eessi", targets=(here, there), accel={})
     login_here = eessilike.login_environment(lmod, prefix, node)
     login_there = eessilike.login_environment(lmod, prefix, prefix.node_env(there))

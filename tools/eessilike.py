@@ -488,10 +488,10 @@ def target_elsewhere(compatible: Iterable[str], candidates: Iterable[str] = DEFA
     AVX2 lists haswell, an AMD host does not.
     """
     compatible = tuple(compatible)
-    machine, vendor = [*compatible[0].split("/"), ""][:2]
+    machine, vendor = _machine_and_vendor(compatible[0])
 
     def preference(target: str) -> int:
-        target_machine, target_vendor = [*target.split("/"), ""][:2]
+        target_machine, target_vendor = _machine_and_vendor(target)
         if target_machine != machine:
             return 2
         return 0 if target_vendor != vendor else 1
@@ -500,6 +500,20 @@ def target_elsewhere(compatible: Iterable[str], candidates: Iterable[str] = DEFA
     if not usable_elsewhere:
         raise EessiLikeError(f"every candidate target is compatible with {compatible[0]}")
     return min(usable_elsewhere, key=preference)  # min keeps the first of equal preference
+
+
+def _machine_and_vendor(target: str) -> tuple:
+    """A target's machine type and vendor: ``x86_64/intel/haswell`` gives ``("x86_64", "intel")``,
+    ``x86_64/generic`` gives ``("x86_64", "generic")``."""
+    machine, _sep, rest = target.partition("/")
+    return machine, rest.split("/", 1)[0]
+
+
+def node_and_elsewhere(node_vars: Mapping[str, str] | None = None) -> tuple:
+    """``(this node's target, a target it cannot use)``: the first of archdetect's ``cpupath``
+    for this machine (or the node ``node_vars`` simulate) and ``target_elsewhere`` of it."""
+    compatible = cpupath(node_vars)
+    return compatible[0], target_elsewhere(compatible)
 
 
 def copy_fake_nvidia_smi(dest_dir: Path) -> Path:

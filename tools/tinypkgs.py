@@ -130,13 +130,17 @@ def write_failing_sanity_check(packages: TinyPackages, name: str = LIB, version:
     The build, install and module steps succeed; EasyBuild's sanity check then fails the
     build. Returns the easyconfig's path.
     """
-    easyconfig = packages.easyconfig(name, version)
-    # An easyconfig is Python: the later assignment wins.
-    easyconfig.write_text(
-        easyconfig.read_text()
-        + "\n# Fails on purpose: nothing installs this file.\n"
-        + "sanity_check_paths = {'files': ['share/never-installed.txt'], 'dirs': []}\n"
+    return _append(
+        packages.easyconfig(name, version),
+        "Fails on purpose: nothing installs this file.",
+        "sanity_check_paths = {'files': ['share/never-installed.txt'], 'dirs': []}",
     )
+
+
+def _append(easyconfig: Path, why: str, assignment: str) -> Path:
+    """Add ``assignment`` to ``easyconfig`` after a comment saying ``why``. An easyconfig is
+    Python: the later assignment wins."""
+    easyconfig.write_text(easyconfig.read_text() + f"\n# {why}\n{assignment}\n")
     return easyconfig
 
 
@@ -147,19 +151,17 @@ def write_sibling_probe(packages: TinyPackages, name: str, sibling: Path, versio
     ``PAYLOAD`` and then the error of a write into the sibling (``Read-only file system`` in a
     sandbox), or ``written`` if the write went through. Returns the easyconfig's path.
     """
-    easyconfig = packages.easyconfig(name, version)
     probe = "%(installdir)s/sibling-probe"
     write = f"{sibling}/written-by-build"
     command = (
         f"cat {sibling}/PAYLOAD > {probe} && "
         f"{{ (: > {write}) 2>&1 | sed 's/.*: //' | grep . >> {probe} || echo written >> {probe}; }}"
     )
-    easyconfig.write_text(
-        easyconfig.read_text()
-        + "\n# What the build sees of another version.\n"
-        + f"postinstallcmds = [{command!r}]\n"
+    return _append(
+        packages.easyconfig(name, version),
+        "What the build sees of another version.",
+        f"postinstallcmds = [{command!r}]",
     )
-    return easyconfig
 
 
 def write_binary_package(dest: Path, version: str = VERSION) -> TinyPackages:

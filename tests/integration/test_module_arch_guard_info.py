@@ -69,11 +69,10 @@ PLAYBOOK = textwrap.dedent(
 class Fleet:
     """The EESSI-like root, the two hosts' guard prefixes, and the playbook to run on them."""
 
-    def __init__(self, root, node_cpupath: tuple) -> None:
+    def __init__(self, root, node_target: str, other: str) -> None:
         self.root = root
         self.eessi_root = root / "eessi"
-        other = eessilike.target_elsewhere(node_cpupath)
-        eessilike.build_prefix(self.eessi_root, version=MATCH, targets=(node_cpupath[0], other), accel={})
+        eessilike.build_prefix(self.eessi_root, version=MATCH, targets=(node_target, other), accel={})
         eessilike.build_prefix(self.eessi_root, version=MISMATCH, targets=(other,), accel={})
         self.installed = install_guard(root / "guard-node1")
         self.job_tmp = root / "job-tmp"
@@ -109,7 +108,7 @@ class Fleet:
 
 @pytest.fixture
 def fleet(tmp_path):
-    return Fleet(tmp_path, eessilike.cpupath())
+    return Fleet(tmp_path, *eessilike.node_and_elsewhere())
 
 
 def test_the_real_cpu_gets_its_target_and_the_other_version_no_software_dir(fleet, lmod):

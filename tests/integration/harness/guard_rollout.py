@@ -33,8 +33,7 @@ from tests.integration.harness.slurm import STOP_TIMEOUT, slurm_local
 
 def write_job_inputs(root: Path, lmod) -> dict:
     """The prefix, ``login.env``, ``setup.sh`` and ``targets.json`` in ``root``; the targets."""
-    here = eessilike.cpupath()
-    node, other = here[0], eessilike.target_elsewhere(here)
+    node, other = eessilike.node_and_elsewhere()
     prefix = eessilike.build_prefix(root / "eessi", targets=(node, other), accel={})
     login = eessilike.login_environment(lmod, prefix, prefix.node_env(other))
     for name in eessilike.NODE_VARIABLES:

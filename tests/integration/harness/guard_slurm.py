@@ -261,8 +261,7 @@ def write_env_file(path: Path, env: dict) -> Path:
 def slurm_guard(slurm_cluster, lmod) -> Iterator[SlurmGuard]:
     """The prefix (this node's target and one it cannot use), the guard's package copy, in one
     world-readable directory that goes when the session ends."""
-    here = eessilike.cpupath()
-    node, other = here[0], eessilike.target_elsewhere(here)
+    node, other = eessilike.node_and_elsewhere()
     root = Path(tempfile.mkdtemp(prefix="hpcstack-guard-slurm-", dir="/tmp"))
     try:
         prefix = eessilike.build_prefix(root / "eessi", targets=(node, other), accel={})
