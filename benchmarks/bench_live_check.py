@@ -21,7 +21,7 @@ import random
 import subprocess
 
 from benchlib import Case
-from hpcstack_ops.common import fsutil
+from hpcstack_ops.staged_rebuild import fsutil
 
 FILES = 20_000
 ROUNDS = 5

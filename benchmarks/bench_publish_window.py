@@ -45,8 +45,7 @@ from pathlib import Path
 
 import tree_eb
 from benchlib import MISSING, OK, PARTIAL, Method, Replacer, WindowCase
-from hpcstack_ops.common import locking, mountinfo
-from hpcstack_ops.staged_rebuild import faults, paths, probe, publish, rebuild, rollback
+from hpcstack_ops.staged_rebuild import faults, locking, mountinfo, paths, probe, publish, rebuild, rollback
 from hpcstack_ops.staged_rebuild import journal as journals
 
 NAME, VERSION = "Bench", "1.0"

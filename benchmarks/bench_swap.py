@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from benchlib import Case
-from hpcstack_ops.common import fsutil
+from hpcstack_ops.staged_rebuild import fsutil
 
 
 def _pair(scratch):

@@ -36,7 +36,7 @@ def test_the_tree_as_it_is_passes_on_every_python_found(repo_copy):
 
 
 def test_syntax_that_needs_python_3_9_fails_the_gate_on_3_8(repo_copy):
-    fsutil = repo_copy / "plugins" / "module_utils" / "common" / "fsutil.py"
+    fsutil = repo_copy / "plugins" / "module_utils" / "staged_rebuild" / "fsutil.py"
     with fsutil.open("a") as handle:
         handle.write(
             "\n\ndef _needs_39(a, b):\n    with (open(a) as x, open(b) as y):\n        return x, y\n"
@@ -51,12 +51,12 @@ def test_syntax_that_needs_python_3_9_fails_the_gate_on_3_8(repo_copy):
 
 def test_an_api_missing_on_3_8_fails_the_import_check(repo_copy):
     # Compiles everywhere, breaks at import on 3.8: functools.cache arrived in 3.9.
-    fsutil = repo_copy / "plugins" / "module_utils" / "common" / "fsutil.py"
+    fsutil = repo_copy / "plugins" / "module_utils" / "staged_rebuild" / "fsutil.py"
     with fsutil.open("a") as handle:
         handle.write("\nimport functools\n\n_cached = functools.cache\n")
 
     done = _gate(repo_copy)
 
     assert done.returncode == 1
-    assert "import hpcstack_ops.common.fsutil: AttributeError" in done.stdout
+    assert "import hpcstack_ops.staged_rebuild.fsutil: AttributeError" in done.stdout
     assert done.stdout.splitlines()[-1].endswith("FAILED on 3.8")

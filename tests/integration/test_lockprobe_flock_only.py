@@ -29,8 +29,7 @@ import subprocess
 import sys
 
 import checkout
-from ansible_collections.hpcstack.ops.plugins.module_utils.common import locking
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import lockprobe
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import locking, lockprobe
 from tests.integration.harness.mounts import bindfs_mount
 
 # bindfs forwards locks only when it serves requests on several threads.
@@ -50,7 +49,7 @@ NODE2_HOLD = 0.03
 CONTEND = """
 import fcntl, json, os, sys, types
 sys.path.insert(0, sys.argv[1])
-from hpcstack_ops.common import locking
+from hpcstack_ops.staged_rebuild import locking
 from hpcstack_ops.staged_rebuild import lockprobe
 
 class FlockOnly:

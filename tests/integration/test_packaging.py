@@ -18,14 +18,14 @@ def test_pip_install_provides_the_core_as_hpcstack_ops(tmp_path):
     assert done.returncode == 0, done.stderr
 
     imported = subprocess.run(
-        [sys.executable, "-c", "import hpcstack_ops.common.fsutil as m; print(m.__file__)"],
+        [sys.executable, "-c", "import hpcstack_ops.staged_rebuild.fsutil as m; print(m.__file__)"],
         env=dict(os.environ, PYTHONPATH=str(target)),
         capture_output=True,
         text=True,
         check=False,
     )
     assert imported.returncode == 0, imported.stderr
-    assert imported.stdout.strip() == str(target / "hpcstack_ops" / "common" / "fsutil.py")
+    assert imported.stdout.strip() == str(target / "hpcstack_ops" / "staged_rebuild" / "fsutil.py")
 
 
 def test_galaxy_build_leaves_out_tests_venvs_and_caches(tmp_path):
@@ -62,7 +62,7 @@ def test_galaxy_build_leaves_out_tests_venvs_and_caches(tmp_path):
     with tarfile.open(tarball) as tar:
         members = tar.getnames()
     assert "MANIFEST.json" in members
-    assert "plugins/module_utils/common/fsutil.py" in members
+    assert "plugins/module_utils/staged_rebuild/fsutil.py" in members
     assert "LICENSE" in members
     excluded = ("tests", ".venv", ".pytest_cache", ".ruff_cache", "demo", "tools", ".ci", "requirements")
     leaked = [name for name in members if name.split("/")[0] in excluded or "__pycache__" in name]

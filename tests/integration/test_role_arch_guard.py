@@ -609,7 +609,7 @@ def test_a_new_release_of_the_guard_is_switched_in_and_the_build_before_it_kept(
     ran = _run([host.launcher, "--json"], {"PATH": "/usr/bin:/bin"})
     assert json.loads(ran.stdout)["action"] == "skip"
 
-    third_digest = _change(collection, "plugins/module_utils/common/lean_os.py", "yet another release")
+    third_digest = _change(collection, "plugins/module_utils/arch_guard/lean_os.py", "yet another release")
     third = host.run()
     fourth = host.run()
 

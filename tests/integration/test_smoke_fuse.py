@@ -6,7 +6,7 @@ import errno
 
 import pytest
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.common import fsutil
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import fsutil
 
 
 def test_rename_exchange_on_fuse_fails_with_einval_and_moves_nothing(fuse_dir):

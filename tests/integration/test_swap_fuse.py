@@ -11,8 +11,7 @@ import os
 
 import pytest
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.common import fsutil
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import swap
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import fsutil, swap
 from tests.trees import make_tree as _tree
 from tests.trees import tree_state as _state
 

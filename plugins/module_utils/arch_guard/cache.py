@@ -10,7 +10,7 @@ place, so a reader sees a whole file or none. A flock on a lock file beside it m
 step's other tasks wait for the first one's result instead of computing their own.
 
 This module is on the path every task of a step takes; it imports only what that path needs
-(``posix`` and ``_stat``, not ``os`` and ``stat``: see ``common.lean_os``).
+(``posix`` and ``_stat``, not ``os`` and ``stat``: see ``lean_os``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import fcntl
 import posix
 import time
 
-from ..common.lean_os import fsdecode, fsencode
 from .decision import Decision
+from .lean_os import fsdecode, fsencode
 from .settings import scratch_dir
 
 PREFIX = ".eessi-arch-guard"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from ..common import lean_os
+from . import lean_os
 
 PROG = "eessi-arch-guard"
 

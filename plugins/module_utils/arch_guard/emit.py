@@ -11,8 +11,8 @@ so a longer line was split and its tail misread; lines here stay within PROLOG_L
 
 from __future__ import annotations
 
-from ..common.lean_os import fsencode
 from . import decision as decisions
+from .lean_os import fsencode
 
 PROLOG = "prolog"
 SHELL = "shell"

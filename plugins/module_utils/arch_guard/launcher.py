@@ -13,8 +13,7 @@ Read by every task of every step, so it imports no more than the cached-decision
 
 from __future__ import annotations
 
-from ..common import lean_os
-from . import cli, settings
+from . import cli, lean_os, settings
 
 SITE_SWITCH_OFF = "0"
 

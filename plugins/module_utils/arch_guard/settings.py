@@ -7,8 +7,8 @@ Read by every task, so it imports nothing the cached-decision path does not need
 
 from __future__ import annotations
 
-from ..common.lean_os import isdir
 from .decision import skip
+from .lean_os import isdir
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
 # A TaskProlog that runs for a day is a hung node, and larger values overflow the kernel's

@@ -16,11 +16,11 @@ import os
 import shutil
 import signal
 
-from ..common import errors, fsutil, locking
+from ..common import errors
 from . import faults as faults_module
+from . import fsutil, locking, lockprobe, paths, probe, rebuild, resume, retire, rollback, status, uptodate
 from . import gc as gc_module
 from . import journal as journals
-from . import lockprobe, paths, probe, rebuild, resume, retire, rollback, status, uptodate
 
 FAILURES = (errors.HpcstackError, OSError)
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 import datetime
 import os
 
-from ..common import errors, fsutil
+from ..common import errors
+from . import fsutil, modulefile, operations, paths
 from . import journal as journals
-from . import modulefile, operations, paths
 
 DEFAULT_GRACE_HOURS = 144.0
 

@@ -40,8 +40,8 @@ import json
 import os
 import signal
 
-from ..common import errors, fsutil
-from . import paths
+from ..common import errors
+from . import fsutil, paths
 
 SCHEMA_SWAP = 2
 SCHEMA_SWAP_LEDGER = 4

@@ -15,7 +15,8 @@ import hashlib
 import json
 import os
 
-from ..common import errors, fsutil
+from ..common import errors
+from . import fsutil
 from . import journal as journals
 
 

@@ -21,8 +21,8 @@ import os
 import shutil
 import time
 
-from ..common import errors, fsutil, locking
-from . import paths
+from ..common import errors
+from . import fsutil, locking, paths
 
 PROBE_DIR = "lock-probe"
 MARKER = "holder"

@@ -32,7 +32,8 @@ import re
 import stat
 import tempfile
 
-from ..common import errors, fsutil
+from ..common import errors
+from . import fsutil
 
 # The POSIX access list, the generic NFSv4 list and the native GPFS list: the access control
 # lists a module file can carry on the filesystems this tool is deployed on.

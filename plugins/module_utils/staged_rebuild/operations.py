@@ -17,8 +17,8 @@ import shutil
 import stat
 import sys
 
-from ..common import errors, fsutil
-from . import modulefile, swap
+from ..common import errors
+from . import fsutil, modulefile, swap
 
 
 def exchange(entry, on_step=None):

@@ -19,7 +19,8 @@ import os
 import re
 import stat
 
-from ..common import errors, fsutil
+from ..common import errors
+from . import fsutil
 
 # One path component of a module name: what EasyBuild writes (Name, version-toolchain).
 _COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*\Z")

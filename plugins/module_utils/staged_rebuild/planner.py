@@ -20,8 +20,8 @@ import os
 import stat
 import subprocess
 
-from ..common import errors, fsutil
-from . import modulefile, paths
+from ..common import errors
+from . import fsutil, modulefile, paths
 
 RUN_MARKER = ".eb-staged-rebuild-run"
 

@@ -18,8 +18,8 @@ import shutil
 import subprocess
 import tempfile
 
-from ..common import errors, fsutil, mountinfo
-from . import backends, easybuild
+from ..common import errors
+from . import backends, easybuild, fsutil, mountinfo
 
 # Filesystems that several nodes mount at once: there, whether the lock excludes other nodes
 # is a measurement, not a property this host can see.

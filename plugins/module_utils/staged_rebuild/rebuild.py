@@ -15,8 +15,20 @@ import binascii
 import datetime
 import os
 
-from ..common import errors, locking
-from . import backends, buildrun, easybuild, ledger, operations, paths, planner, probe, publish, relocate
+from ..common import errors
+from . import (
+    backends,
+    buildrun,
+    easybuild,
+    ledger,
+    locking,
+    operations,
+    paths,
+    planner,
+    probe,
+    publish,
+    relocate,
+)
 from . import journal as journals
 
 _SHOWN_BINARIES = 10

@@ -19,7 +19,7 @@ import os
 import re
 import stat
 
-from ..common import fsutil
+from . import fsutil
 
 # One chunk of Lmod's saved module table, as a Lua or Tcl modulefile sets it.
 _MODULE_TABLE_CHUNK = re.compile(rb"""(_ModuleTable(\d{3})_)["'\s,{]+([A-Za-z0-9+/=]*)""")

@@ -18,9 +18,9 @@ import datetime
 import os
 import stat
 
-from ..common import errors, fsutil
+from ..common import errors
+from . import fsutil, modulefile
 from . import journal as journals
-from . import modulefile
 
 
 def _timestamp():

@@ -32,7 +32,8 @@ import errno
 import os
 import stat
 
-from ..common import errors, fsutil
+from ..common import errors
+from . import fsutil
 from .faults import InjectedFailure
 
 FALLBACK_ERRNOS = frozenset({errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP})

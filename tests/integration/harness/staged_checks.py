@@ -85,7 +85,7 @@ class LockHolder:
 
     SCRIPT = (
         "import sys\n"
-        "from hpcstack_ops.common.locking import StateLock\n"
+        "from hpcstack_ops.staged_rebuild.locking import StateLock\n"
         "from hpcstack_ops.staged_rebuild.paths import prepare_state_root\n"
         "root = prepare_state_root(sys.argv[1])\n"
         "with StateLock(root, 0):\n"

@@ -14,8 +14,8 @@ import time
 import pytest
 
 import checkout
-from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors, locking
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import lockprobe
+from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import locking, lockprobe
 
 CONTEND = (
     "import json, sys; sys.path.insert(0, sys.argv[1]); "

@@ -15,10 +15,15 @@ import subprocess
 
 import pytest
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors, fsutil
+from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import faults as faults_module
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import (
+    fsutil,
+    modulefile,
+    paths,
+    planner,
+)
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import journal as journals
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import modulefile, paths, planner
 from tests.integration.harness.staged import FAKE_EB, StagedSite
 
 APP = "TinyApp/1.0"

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.common import mountinfo
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import sandbox
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import mountinfo, sandbox
 from tests.integration.harness.staged import snapshot
 
 CHILD_TIMEOUT = 120

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors, fsutil
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import swap
+from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import fsutil, swap
 from tests.trees import make_tree as _tree
 from tests.trees import tree_state as _state
 

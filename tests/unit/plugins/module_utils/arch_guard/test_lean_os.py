@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import checkout
-from ansible_collections.hpcstack.ops.plugins.module_utils.common import lean_os
+from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard import lean_os
 
 TEXTS = ["", "plain", "x86_64/amd/zen3", "é ü 漢", "undecodable \udcff\udcfe byte", "a=b\tc d"]
 
@@ -26,7 +26,7 @@ def test_environ_is_the_process_environment_as_os_environ_shows_it(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "PLAIN": "value", "UTF8": "é", "EMPTY": ""}
     code = (
         "import os, sys; sys.path.insert(0, sys.argv[1]); "
-        "from hpcstack_ops.common import lean_os; "
+        "from hpcstack_ops.arch_guard import lean_os; "
         "print(lean_os.environ() == dict(os.environ), repr(lean_os.environ()['RAW']))"
     )
     # A byte that is not UTF-8 reaches the child through the bytes form of its environment.

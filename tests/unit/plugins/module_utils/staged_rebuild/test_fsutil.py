@@ -14,7 +14,8 @@ import tempfile
 
 import pytest
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors, fsutil
+from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import fsutil
 
 
 def _tree(path, payload):

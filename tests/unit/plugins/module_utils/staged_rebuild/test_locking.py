@@ -18,11 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors, locking
+from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import locking
 
 CHILD = r"""
 import fcntl, os, sys, time
-from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors, locking
+from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import locking
 
 def report(line):
     sys.stdout.write(line + "\n")
@@ -86,7 +88,7 @@ elif mode == "hammer":  # unprotected read-modify-write of a counter, under the 
 
 
 def _child_env():
-    # .../<root>/ansible_collections/hpcstack/ops/plugins/module_utils/common/locking.py
+    # .../<root>/ansible_collections/hpcstack/ops/plugins/module_utils/staged_rebuild/locking.py
     root = Path(locking.__file__).parents[6]
     paths = [str(root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     return dict(os.environ, PYTHONPATH=os.pathsep.join(paths))

@@ -53,7 +53,7 @@ import os
 import stat
 import time
 
-from . import errors
+from ..common import errors
 
 LOCK_NAME = ".lock"
 SIDECAR_NAME = ".lock.posix"

@@ -16,7 +16,7 @@ import platform
 import stat
 import tempfile
 
-from . import errors
+from ..common import errors
 
 # From include/uapi/linux/fs.h.
 RENAME_EXCHANGE = 1 << 1
