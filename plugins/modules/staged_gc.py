@@ -117,34 +117,32 @@ dry_run:
 
 import os
 
-from ansible.module_utils.basic import AnsibleModule, env_fallback
+from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import commands, module_support
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import gc as gc_module
-
-GRACE_HOURS_VARIABLE = "EB_STAGED_REBUILD_GRACE_HOURS"
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import (
+    commands,
+    module_support,
+    settings,
+)
 
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            module_support.common_arguments(),
-            grace_hours={"type": "float", "fallback": (env_fallback, [GRACE_HOURS_VARIABLE])},
-        ),
+        argument_spec=dict(module_support.common_arguments(), grace_hours={"type": "float"}),
         supports_check_mode=True,
     )
-    state_root = module_support.state_root(module.params, os.environ)
-    grace_hours = module.params["grace_hours"]
-    if grace_hours is None:
-        grace_hours = gc_module.DEFAULT_GRACE_HOURS
+    params = module.params
     result, failure = module_support.run(
         lambda dry_run: commands.collect_garbage(
-            state_root, grace_hours, module.params["lock_timeout"], dry_run=dry_run
+            module_support.state_root(params, os.environ),
+            settings.grace_hours(params, os.environ),
+            settings.lock_timeout(params),
+            dry_run=dry_run,
         ),
         module.check_mode,
     )
     if failure is not None:
-        module.fail_json(msg=failure)
+        module.fail_json(**failure)
     for run in result["interrupted"]:
         module.warn(f"run {run['run_id']} ({run['state']}) is {run['why']}")
     module.exit_json(**result)

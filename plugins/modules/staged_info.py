@@ -123,15 +123,14 @@ probe:
 
 import os
 
-from ansible.module_utils.basic import AnsibleModule, env_fallback
+from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import (
     commands,
     module_support,
     probe,
+    settings,
 )
-
-EB_VARIABLE = "EB_STAGED_REBUILD_EB"
 
 
 def main():
@@ -140,24 +139,23 @@ def main():
             module_support.common_arguments(),
             run_id={"type": "str"},
             probe_path={"type": "path"},
-            eb={"type": "str", "fallback": (env_fallback, [EB_VARIABLE])},
+            eb={"type": "str"},
         ),
         supports_check_mode=True,
     )
-    state_root = module_support.state_root(module.params, os.environ)
-    probe_path = module.params["probe_path"]
-    eb = commands.resolve_eb(module.params["eb"] or "eb")
+    params = module.params
 
     def read_state(dry_run):
         # Reads only, so the same in check mode; the probe's scratch directory is removed.
-        result = dict(commands.show_status(state_root, module.params["run_id"]), changed=False)
-        if probe_path:
-            result["probe"] = probe.probe(probe_path, eb)
+        state_root = module_support.state_root(params, os.environ)
+        result = dict(commands.show_status(state_root, params["run_id"]), changed=False)
+        if params["probe_path"]:
+            result["probe"] = probe.probe(params["probe_path"], settings.eb(params, os.environ))
         return result
 
     result, failure = module_support.run(read_state, module.check_mode)
     if failure is not None:
-        module.fail_json(msg=failure)
+        module.fail_json(**failure)
     module.exit_json(**result)
 
 

@@ -152,9 +152,15 @@ lock:
 
 import os
 
-from ansible.module_utils.basic import AnsibleModule, env_fallback
+from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import commands, module_support
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import (
+    commands,
+    module_support,
+    settings,
+)
+
+CONTENTION = ("probe_id", "participants", "rounds", "hold_seconds", "wait_seconds")
 
 
 def main():
@@ -162,7 +168,7 @@ def main():
         argument_spec=dict(
             module_support.common_arguments(),
             path={"type": "path", "required": True},
-            eb={"type": "str", "fallback": (env_fallback, ["EB_STAGED_REBUILD_EB"])},
+            eb={"type": "str"},
             lock_contention={"type": "bool", "default": False},
             participants={"type": "int", "default": 1},
             probe_id={"type": "str"},
@@ -175,24 +181,22 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    contention = None
-    if params["lock_contention"]:
-        contention = {
+
+    def contention():
+        if not params["lock_contention"]:
+            return None
+        return {
             "state_root": module_support.state_root(params, os.environ),
             "host": params["host"] or os.uname().nodename,
-            **{
-                key: params[key]
-                for key in ("probe_id", "participants", "rounds", "hold_seconds", "wait_seconds")
-            },
+            **{key: params[key] for key in CONTENTION},
         }
+
     result, failure = module_support.run(
-        lambda dry_run: commands.probe_host(
-            params["path"], commands.resolve_eb(params["eb"] or "eb"), contention
-        ),
+        lambda dry_run: commands.probe_host(params["path"], settings.eb(params, os.environ), contention()),
         module.check_mode,
     )
     if failure is not None:
-        module.fail_json(msg=failure)
+        module.fail_json(**failure)
     module.exit_json(**result)
 
 

@@ -222,52 +222,34 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import (
-    backends,
     cli,
     commands,
     module_support,
+    settings,
 )
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import request as request_module
 
 COMMANDS = {"changed": commands.rebuild_if_changed, "always": commands.run_rebuild}
 
 
 def argument_spec():
     return dict(
-        module_support.common_arguments(),
+        **module_support.common_arguments(),
+        **settings.argument_spec(request_module.RebuildRequest),
         modules={"type": "list", "elements": "str", "required": True},
         easyconfigs={"type": "list", "elements": "path", "default": []},
         eb_args={"type": "list", "elements": "str", "default": []},
         installpath={"type": "path"},
         installpath_software={"type": "path"},
         installpath_modules={"type": "path"},
-        backend={"type": "str", "choices": list(backends.BACKENDS)},
         eb={"type": "str"},
-        run_id={"type": "str"},
-        skip_live_check={"type": "bool", "default": False},
-        allow_unrelocated={"type": "bool", "default": False},
-        ledger_config={"type": "path"},
         rebuild={"type": "str", "choices": ["changed", "always"], "default": "changed"},
     )
 
 
 def request(params, environ):
     """The core's request from the options; the install paths fall back as EasyBuild's do."""
-    software, modules = commands.live_trees(
-        params["installpath"], params["installpath_software"], params["installpath_modules"], environ
-    )
-    return commands.rebuild_request(
-        software=software,
-        modules=modules,
-        modules_requested=params["modules"],
-        eb=commands.resolve_eb(params["eb"] or environ.get("EB_STAGED_REBUILD_EB") or "eb"),
-        eb_args=params["easyconfigs"] + params["eb_args"],
-        backend=backends.requested(params["backend"], environ),
-        run_id=params["run_id"],
-        skip_live_check=params["skip_live_check"],
-        allow_unrelocated=params["allow_unrelocated"],
-        ledger_config=params["ledger_config"],
-        lock_timeout=params["lock_timeout"],
-    )
+    return request_module.resolve(params, environ, params["easyconfigs"] + params["eb_args"])
 
 
 def main():
@@ -277,27 +259,28 @@ def main():
         required_together=[("installpath_software", "installpath_modules")],
         supports_check_mode=True,
     )
-    state_root = module_support.state_root(module.params, os.environ)
     rebuild = COMMANDS[module.params["rebuild"]]
     # Never printed: the module's stdout is its JSON result.
     progress = []
 
     def snapshot():
         wanted = request(module.params, os.environ)
-        return module_support.live_snapshot(
-            wanted["software"], wanted["modules"], wanted["modules_requested"]
-        )
+        return module_support.live_snapshot(wanted.software, wanted.modules, wanted.modules_requested)
 
     result, failure = module_support.run(
         lambda dry_run: rebuild(
-            request(module.params, os.environ), state_root, progress.append, dict(os.environ), dry_run
+            request(module.params, os.environ),
+            module_support.state_root(module.params, os.environ),
+            progress.append,
+            dict(os.environ),
+            dry_run,
         ),
         module.check_mode,
         module._diff,
         snapshot=snapshot,
     )
     if failure is not None:
-        module.fail_json(msg=failure)
+        module.fail_json(progress=progress, **failure)
     # The tool's own notices (an unsandboxed build) are warnings, as its --json output shows them.
     for line in progress:
         if line.startswith(cli.PROG + ":"):

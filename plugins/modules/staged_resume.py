@@ -85,7 +85,11 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import commands, module_support
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import (
+    commands,
+    module_support,
+    settings,
+)
 
 
 def main():
@@ -93,14 +97,13 @@ def main():
         argument_spec=dict(module_support.common_arguments(), run_id={"type": "str"}),
         supports_check_mode=True,
     )
-    state_root = module_support.state_root(module.params, os.environ)
     # Never printed: the module's stdout is its JSON result.
     progress = []
     result, failure = module_support.run(
         lambda dry_run: commands.resume_runs(
-            state_root,
+            module_support.state_root(module.params, os.environ),
             module.params["run_id"],
-            lock_timeout=module.params["lock_timeout"],
+            lock_timeout=settings.lock_timeout(module.params),
             progress=progress.append,
             env=dict(os.environ),
             dry_run=dry_run,
@@ -108,7 +111,7 @@ def main():
         module.check_mode,
     )
     if failure is not None:
-        module.fail_json(msg=failure)
+        module.fail_json(**failure)
     module.exit_json(progress=progress, **result)
 
 

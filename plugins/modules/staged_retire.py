@@ -100,7 +100,11 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import commands, module_support
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import (
+    commands,
+    module_support,
+    settings,
+)
 
 
 def main():
@@ -112,14 +116,13 @@ def main():
         ),
         supports_check_mode=True,
     )
-    state_root = module_support.state_root(module.params, os.environ)
     module_file = module.params["module_file"]
     result, failure = module_support.run(
         lambda dry_run: commands.retire_module(
-            state_root,
+            module_support.state_root(module.params, os.environ),
             module_file,
             module.params["reason"],
-            lock_timeout=module.params["lock_timeout"],
+            lock_timeout=settings.lock_timeout(module.params),
             already_retired_ok=True,
             dry_run=dry_run,
         ),
@@ -128,7 +131,7 @@ def main():
         snapshot=lambda: module_support.file_snapshot(module_file),
     )
     if failure is not None:
-        module.fail_json(msg=failure)
+        module.fail_json(**failure)
     module.exit_json(**result)
 
 

@@ -75,7 +75,11 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import commands, module_support
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import (
+    commands,
+    module_support,
+    settings,
+)
 
 
 def main():
@@ -83,18 +87,22 @@ def main():
         argument_spec=dict(module_support.common_arguments(), run_id={"type": "str", "required": True}),
         supports_check_mode=True,
     )
-    state_root = module_support.state_root(module.params, os.environ)
     run_id = module.params["run_id"]
     result, failure = module_support.run(
         lambda dry_run: commands.roll_back(
-            state_root, run_id, module.params["lock_timeout"], dry_run=dry_run
+            module_support.state_root(module.params, os.environ),
+            run_id,
+            settings.lock_timeout(module.params),
+            dry_run=dry_run,
         ),
         module.check_mode,
         module._diff,
-        snapshot=lambda: module_support.run_snapshot(state_root, run_id),
+        snapshot=lambda: module_support.run_snapshot(
+            module_support.state_root(module.params, os.environ), run_id
+        ),
     )
     if failure is not None:
-        module.fail_json(msg=failure)
+        module.fail_json(**failure)
     module.exit_json(**result)
 
 

@@ -21,7 +21,7 @@ from tests.integration.harness import staged_matrix as matrix
 
 PUBLISH_OPERATIONS = {variant: matrix.count_publish_operations(variant) for variant in matrix.VARIANTS}
 # On bindfs the swap takes the three-rename fallback, whose renames are operations of their own.
-FUSE_OPERATIONS = matrix.with_fallback(PUBLISH_OPERATIONS["one"])
+FUSE_OPERATIONS = matrix.with_fallback(PUBLISH_OPERATIONS["one"], journal_points=True)
 ROLLBACK_OPERATIONS = matrix.count_rollback_operations(matrix.THREE)
 
 PUBLISH_CASES = [
@@ -110,9 +110,13 @@ def test_the_cases_cover_every_operation_of_a_publish(staged_site, variant):
     for module in modules:
         assert [name for name in expected if name.endswith(" " + module)] == [
             f"marker {module}",
+            f"journal marker {module}",
             f"prepare-module {module}",
+            f"journal prepare-module {module}",
             f"backup {module}",
+            f"journal backup {module}",
             f"stage-move {module}",
+            f"journal stage-move {module}",
             f"swap {module}",
             f"journal swap {module}",
             f"module {module}",
@@ -120,6 +124,7 @@ def test_the_cases_cover_every_operation_of_a_publish(staged_site, variant):
             f"class-link tools {module}",
             f"journal class-link tools {module}",
         ]
+    assert expected[:4] == ["build", "journal build", "relocate", "journal relocate"]
     assert expected[-1] == "state published"
     assert ("ledger" in expected) is ledger
 
@@ -138,7 +143,7 @@ def test_a_failure_before_each_publish_operation_leaves_every_live_tree_as_it_wa
 
     assert injecting.operations == PUBLISH_OPERATIONS[variant][:index]
     _assert_injected_failure_raised(raised, name)
-    assert matrix.the_journal(site).state == "failed"
+    assert matrix.the_journal(site).state.value == "failed"
     if ledger:
         assert matrix.ledger_file(site).read_bytes() == matrix.EARLIER_LEDGER
     _assert_same_trees(site, modules, _state(site, modules), before)
@@ -178,7 +183,7 @@ def test_a_failure_before_each_publish_operation_on_fuse_leaves_every_live_tree_
 
     assert injecting.operations == FUSE_OPERATIONS[:index]
     _assert_injected_failure_raised(raised, name)
-    assert matrix.the_journal(site).state == "failed"
+    assert matrix.the_journal(site).state.value == "failed"
     assert matrix.leftover_holds(site) == []
     _assert_same_trees(site, matrix.ONE, _state(site, matrix.ONE), before)
 
@@ -222,7 +227,7 @@ def test_a_failure_before_each_rollback_operation_keeps_the_published_tree_live_
 
     assert injecting.operations == ROLLBACK_OPERATIONS[:index]
     _assert_injected_failure_raised(raised, name)
-    assert matrix.the_journal(site).state == "published"
+    assert matrix.the_journal(site).state.value == "published"
     assert all(site.payload(module) == "new build" for module in matrix.THREE)
     _assert_same_trees(site, matrix.THREE, _state(site, matrix.THREE), published)
     # The journal the reversal left behind still describes the run: a rollback now succeeds.

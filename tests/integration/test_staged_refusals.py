@@ -421,7 +421,7 @@ def case_rebuild_lock_held_by_another_process_past_the_timeout(bench):
 
 @case("rebuild-negative-lock-timeout-on-a-new-state-root")
 def case_rebuild_negative_lock_timeout_on_a_new_state_root(bench):
-    return Attempt(["--lock-timeout", "-1", *bench.rebuild(APP)], ("lock timeout",))
+    return Attempt(["--lock-timeout", "-1", *bench.rebuild(APP)], ("--lock-timeout must be 0 or more",))
 
 
 # --- journals the tool cannot trust (Residual limits: schemas 1 and 3; item 19) ------------

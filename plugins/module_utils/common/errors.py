@@ -3,8 +3,15 @@
 """The expected failures of the core: each carries one line for the user and an exit code.
 
 The command-line front ends print ``<tool>: <message>`` and exit with ``exit_code``; the
-Ansible modules return the message through ``fail_json``. Anything else that escapes is a
-bug and keeps its traceback (with ``--debug``).
+Ansible modules return the message through ``fail_json``, with ``kind`` as a stable
+``error`` a playbook can test (``lock_held``: retry later). Anything else that escapes is
+a bug and keeps its traceback (with ``--debug``).
+
+A message about a setting names the setting, not its spelling:
+``UsageError(f"{setting('grace_hours')} must not be negative")``. ``render(name_of)``
+spells each named setting as the front end does (``--grace-hours`` on the command line,
+``grace_hours`` in a module); ``str()`` gives the command line's spelling. The name is
+marked with NUL bytes, which no path, option or journal value the message quotes can hold.
 """
 
 from __future__ import annotations
@@ -14,23 +21,59 @@ EXIT_WARNINGS = 1
 EXIT_ERROR = 2
 
 
+_MARK = "\0"
+
+
+def setting(name: str) -> str:
+    """The setting ``name`` inside a message, spelt later by the front end that shows it."""
+    return f"{_MARK}{name}{_MARK}"
+
+
+def _dashed(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 class HpcstackError(Exception):
     """Root of the expected errors; ``str(err)`` is the one-line message."""
 
     exit_code = EXIT_ERROR
+    kind = "error"
+
+    def render(self, name_of=_dashed) -> str:  # no typing import: the guard's fast path loads this
+        """The message with each setting it names spelt by ``name_of(setting)``."""
+        parts = str(self.args[0] if self.args else "").split(_MARK)
+        # Between two marks (odd places) stands a setting's name.
+        return "".join(name_of(part) if index % 2 else part for index, part in enumerate(parts))
+
+    def __str__(self) -> str:
+        return self.render()
 
 
 class UsageError(HpcstackError):
     """Bad input: an option, a path or a name that is refused before anything changes."""
 
+    kind = "usage"
+
 
 class LockError(HpcstackError):
-    """The state root's lock is held by another process, or could not be taken."""
+    """The state root's lock could not be taken (an error of the filesystem, not a holder)."""
+
+    kind = "lock"
+
+
+class LockHeld(LockError):
+    """Another run holds the state root's lock: trying again later may succeed."""
+
+    kind = "lock_held"
 
 
 class JournalError(HpcstackError):
     """A journal that cannot be read, is truncated, or has a schema this version refuses."""
 
+    kind = "journal"
+
 
 class PublishError(HpcstackError):
     """A transaction step failed; what had been done was reversed before this was raised."""
+
+    kind = "publish_failed"

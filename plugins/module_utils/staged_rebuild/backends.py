@@ -36,11 +36,12 @@ import subprocess
 import tempfile
 
 from ..common import errors
+from ..common.errors import setting
 from . import bwrapinfo, easybuild, sandbox
 
+# Where a run names none, the site's choice in EB_STAGED_REBUILD_BACKEND (``settings``: the
+# build_host role writes it into the command), else auto.
 BACKENDS = ("auto", "bwrap", "userns", "installpath")
-# The site's choice when a run names none (the build_host role writes it into the command).
-BACKEND_VARIABLE = "EB_STAGED_REBUILD_BACKEND"
 SANDBOXED = ("bwrap", "userns")  # also the order in which auto tries them
 UNSANDBOXED = (
     "eb-staged-rebuild: backend installpath: EasyBuild runs WITHOUT a sandbox; "
@@ -83,21 +84,11 @@ def probe_userns():
 
 _PROBES = {"bwrap": probe_bwrap, "userns": probe_userns}
 _REFUSALS = {
-    "bwrap": "--backend bwrap: 'bwrap --dev-bind / / true' fails for this user; "
-    "try --backend userns (eb-staged-rebuild probe --path DIR tells what works)",
-    "userns": "--backend userns: this user cannot make a user and mount namespace "
+    "bwrap": f"{setting('backend')} bwrap: 'bwrap --dev-bind / / true' fails for this user; "
+    f"try {setting('backend')} userns (eb-staged-rebuild probe --path DIR tells what works)",
+    "userns": f"{setting('backend')} userns: this user cannot make a user and mount namespace "
     "(user.max_user_namespaces, or a policy); eb-staged-rebuild probe --path DIR tells what works",
 }
-
-
-def requested(explicit, environ):
-    """The backend a run asks for: ``explicit``, else $EB_STAGED_REBUILD_BACKEND, else ``auto``."""
-    if explicit:
-        return explicit
-    chosen = environ.get(BACKEND_VARIABLE) or "auto"
-    if chosen not in BACKENDS:
-        raise errors.UsageError(f"{BACKEND_VARIABLE}={chosen!r} is not one of {', '.join(BACKENDS)}")
-    return chosen
 
 
 def select(requested, probed=None):
@@ -105,10 +96,8 @@ def select(requested, probed=None):
 
     ``probed`` holds results already known (``{"bwrap": bool, "userns": bool}``); a probe not
     in it runs only when the choice needs it, so ``auto`` on a host with bubblewrap never
-    makes a namespace.
+    makes a namespace. ``requested`` is one of BACKENDS (the request checked it).
     """
-    if requested not in BACKENDS:
-        raise errors.UsageError(f"--backend {requested} is not one of {', '.join(BACKENDS)}")
     probed = dict(probed or {})
 
     def works(backend):
@@ -175,7 +164,7 @@ class Build:
         for path in (*read_only, self.generation):
             if "," in path:
                 raise errors.UsageError(
-                    f"--backend bwrap: {path} contains a comma, "
+                    f"{setting('backend')} bwrap: {path} contains a comma, "
                     "which EasyBuild's --bwrap-options cannot carry"
                 )
         bwrap_options = []

@@ -19,6 +19,7 @@ import json
 import os
 
 from ..common import errors
+from ..common.errors import setting
 from . import paths
 
 INFO_FILE = "bwrap_info.json"
@@ -73,8 +74,8 @@ def check(generation, requested):
     unrequested = sorted(set(info.get("modules_to_install") or ()) - set(requested))
     if unrequested:
         raise errors.PublishError(
-            f"EasyBuild also built {', '.join(unrequested)}, which was not requested with --module; "
-            "nothing was swapped"
+            f"EasyBuild also built {', '.join(unrequested)}, which was not requested with "
+            f"{setting('modules')}; nothing was swapped"
         )
     for source, _destination in _binds(info.get("bwrap_cmd") or ()):
         _require_in_generation(source, generation, "writable bind")

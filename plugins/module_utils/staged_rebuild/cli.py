@@ -15,28 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 
 from ..common import errors
-from . import backends, commands, probe
-from . import gc as gc_module
+from . import commands, probe, settings
+from . import request as request_module
 
 PROG = "eb-staged-rebuild"
-
-
-def _env_float(name, default):
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    try:
-        return float(value)
-    except ValueError:
-        raise errors.UsageError(f"{name}={value!r} is not a number") from None
-
-
-def _default_eb():
-    return os.environ.get("EB_STAGED_REBUILD_EB") or shutil.which("eb") or "eb"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -51,9 +36,7 @@ def build_parser():
         prog=PROG, description="Rebuild EasyBuild installs beside the live tree and swap them in atomically."
     )
     parser.add_argument(
-        "--state-root",
-        default=os.environ.get("EB_STAGED_REBUILD_STATE_ROOT"),
-        help="journals, locks and backups (default: $EB_STAGED_REBUILD_STATE_ROOT)",
+        "--state-root", help=f"journals, locks and backups (default: ${settings.STATE_ROOT_VARIABLE})"
     )
     parser.add_argument(
         "--lock-timeout",
@@ -79,20 +62,9 @@ def build_parser():
     build.add_argument("--installpath-modules", help="the live module tree (with --installpath-software)")
     build.add_argument("--module", action="append", default=[], metavar="NAME/VERSION", dest="modules")
     build.add_argument(
-        "--backend",
-        help="bwrap, userns, installpath (unsandboxed), or auto: the first of them that works here "
-        "(default: $EB_STAGED_REBUILD_BACKEND, else auto)",
+        "--eb", help=f"the EasyBuild command (default: ${settings.EB_VARIABLE}, else eb on PATH)"
     )
-    build.add_argument(
-        "--allow-unrelocated",
-        action="store_true",
-        help="publish even when binaries still name the build path (installpath backend)",
-    )
-    build.add_argument("--eb", default=_default_eb())
-    build.add_argument("--run-id")
-    build.add_argument("--skip-live-check", action="store_true")
-    build.add_argument("--prepare", metavar="CMD")
-    build.add_argument("--ledger-config", metavar="FILE")
+    settings.add_arguments(build, request_module.RebuildRequest)
     build.add_argument("--dry-run", action="store_true")
     build.add_argument("eb_args", nargs=argparse.REMAINDER, help="-- then EasyBuild's arguments")
     build.set_defaults(func=cmd_rebuild)
@@ -113,7 +85,11 @@ def build_parser():
     ret.set_defaults(func=cmd_retire)
 
     collect = commands.add_parser("gc", parents=[after], help="remove retired trees after the grace period")
-    collect.add_argument("--grace-hours", type=float, default=None)
+    collect.add_argument(
+        "--grace-hours",
+        type=float,
+        help=f"hours a replaced tree is kept (default: ${settings.GRACE_HOURS_VARIABLE}, else 144)",
+    )
     collect.add_argument("--dry-run", action="store_true")
     collect.set_defaults(func=cmd_gc)
 
@@ -125,29 +101,18 @@ def build_parser():
         "probe", parents=[after], help="what the filesystem at --path and this host can do"
     )
     look.add_argument("--path", required=True)
-    look.add_argument("--eb", default=_default_eb(), help="the EasyBuild whose version is checked")
+    look.add_argument("--eb", help="the EasyBuild whose version is checked")
     look.set_defaults(func=cmd_probe)
     return parser
 
 
 def _request(args):
-    software, modules = commands.live_trees(
-        args.installpath, args.installpath_software, args.installpath_modules, os.environ
-    )
-    return commands.rebuild_request(
-        software=software,
-        modules=modules,
-        modules_requested=args.modules,
-        eb=commands.resolve_eb(args.eb),
-        eb_args=args.eb_args[1:] if args.eb_args[:1] == ["--"] else args.eb_args,
-        backend=backends.requested(args.backend, os.environ),
-        run_id=args.run_id,
-        skip_live_check=args.skip_live_check,
-        allow_unrelocated=args.allow_unrelocated,
-        prepare=args.prepare,
-        ledger_config=args.ledger_config,
-        lock_timeout=args.lock_timeout,
-    )
+    eb_args = args.eb_args[1:] if args.eb_args[:1] == ["--"] else args.eb_args
+    return request_module.resolve(vars(args), os.environ, eb_args)
+
+
+def _state_root(args):
+    return settings.state_root(vars(args), os.environ)
 
 
 def _progress(args):
@@ -161,43 +126,45 @@ def _progress(args):
 
 def cmd_rebuild(args):
     return commands.run_rebuild(
-        _request(args), args.state_root, _progress(args), dict(os.environ), dry_run=args.dry_run
+        _request(args), _state_root(args), _progress(args), dict(os.environ), dry_run=args.dry_run
     )
 
 
 def cmd_resume(args):
     return commands.resume_runs(
-        args.state_root,
+        _state_root(args),
         args.run_id,
-        lock_timeout=args.lock_timeout,
+        lock_timeout=settings.lock_timeout(vars(args)),
         progress=_progress(args),
         env=dict(os.environ),
     )
 
 
 def cmd_rollback(args):
-    return commands.roll_back(args.state_root, args.run_id, args.lock_timeout)
+    return commands.roll_back(_state_root(args), args.run_id, settings.lock_timeout(vars(args)))
 
 
 def cmd_retire(args):
     return commands.retire_module(
-        args.state_root, args.module_file, args.reason, lock_timeout=args.lock_timeout
+        _state_root(args), args.module_file, args.reason, lock_timeout=settings.lock_timeout(vars(args))
     )
 
 
 def cmd_gc(args):
-    grace = args.grace_hours
-    if grace is None:
-        grace = _env_float("EB_STAGED_REBUILD_GRACE_HOURS", gc_module.DEFAULT_GRACE_HOURS)
-    return commands.collect_garbage(args.state_root, grace, args.lock_timeout, dry_run=args.dry_run)
+    return commands.collect_garbage(
+        _state_root(args),
+        settings.grace_hours(vars(args), os.environ),
+        settings.lock_timeout(vars(args)),
+        dry_run=args.dry_run,
+    )
 
 
 def cmd_status(args):
-    return commands.show_status(args.state_root, args.run_id)
+    return commands.show_status(_state_root(args), args.run_id)
 
 
 def cmd_probe(args):
-    return probe.probe(args.path, args.eb)
+    return probe.probe(args.path, settings.eb(vars(args), os.environ))
 
 
 def _text(result):
@@ -234,7 +201,7 @@ def main(argv=None):
     except errors.HpcstackError as err:
         if args.debug:
             raise
-        sys.stderr.write(f"{PROG}: {err}\n")
+        sys.stderr.write(f"{PROG}: {settings.cli_message(err)}\n")
         return err.exit_code
     except OSError as err:
         if args.debug:

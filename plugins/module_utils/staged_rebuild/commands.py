@@ -11,16 +11,14 @@ result dict that ``--json`` prints and the modules return. Errors are ``Hpcstack
 from __future__ import annotations
 
 import contextlib
-import math
 import os
-import shutil
 import signal
 
 from ..common import errors
-from . import faults as faults_module
-from . import fsutil, locking, lockprobe, paths, probe, rebuild, resume, retire, rollback, status, uptodate
+from . import fsutil, locking, lockprobe, paths, probe, rebuild, resume, retire, rollback, settings, uptodate
 from . import gc as gc_module
 from . import journal as journals
+from .journal import RunKind, RunState
 
 FAILURES = (errors.HpcstackError, OSError)
 
@@ -47,95 +45,28 @@ def sigterm_raises():
         signal.signal(signal.SIGTERM, previous)
 
 
-def failure_message(err) -> str:
-    """One line for an error from a command: the core's own words, or the system's."""
+def failure_message(err, name_of=settings.flag) -> str:
+    """One line for an error from a command: the core's own words, or the system's.
+
+    ``name_of`` spells the settings an error names (the command line's flags by default).
+    """
     if isinstance(err, errors.HpcstackError):
-        return str(err)
+        return err.render(name_of)
     where = f" ({err.filename})" if getattr(err, "filename", None) else ""
     return f"{err.strerror or err}{where}"
 
 
-def state_root_path(state_root, lock_timeout=0.0) -> str:
-    """The absolute state root; refuses a missing one and a bad lock timeout."""
-    if lock_timeout < 0 or math.isnan(lock_timeout):
-        raise errors.UsageError(
-            f"lock timeout must be 0 or more seconds (--lock-timeout), not {lock_timeout}"
-        )
-    if not state_root:
-        raise errors.UsageError("no state root: give --state-root DIR or set EB_STAGED_REBUILD_STATE_ROOT")
-    return os.path.abspath(state_root)
+def failure_kind(err) -> str:
+    """The stable name of an error's kind, for a playbook to test (``lock_held``: retry)."""
+    return err.kind if isinstance(err, errors.HpcstackError) else "os_error"
 
 
-def existing_state_root(state_root, lock_timeout=0.0) -> str:
+def existing_state_root(state_root: str) -> str:
     """The state root of earlier runs, as it is; refuses one that never had a run."""
-    state_root = state_root_path(state_root, lock_timeout)
     fsutil.refuse_symlink_components(state_root)
     if not os.path.isdir(os.path.join(state_root, "runs")):
         raise errors.UsageError(f"state root {state_root} has no runs (nothing was ever published with it)")
     return state_root
-
-
-def live_trees(installpath, software, modules, environ) -> tuple:
-    """The live software and module roots: the options first, then EasyBuild's variables.
-
-    An option beats every variable; among the variables, as in EasyBuild,
-    ``EASYBUILD_INSTALLPATH_SOFTWARE``/``_MODULES`` beat ``EASYBUILD_INSTALLPATH``.
-    """
-    if software or modules:
-        if not (software and modules):
-            raise errors.UsageError("--installpath-software and --installpath-modules go together")
-        return software, modules
-    if installpath:
-        return os.path.join(installpath, "software"), os.path.join(installpath, "modules")
-    from_environment = environ.get("EASYBUILD_INSTALLPATH")
-    trees = []
-    for tree in ("software", "modules"):
-        path = environ.get("EASYBUILD_INSTALLPATH_" + tree.upper())
-        if not path and from_environment:
-            path = os.path.join(from_environment, tree)
-        if not path:
-            raise errors.UsageError(
-                f"no install path for {tree}: give --installpath DIR (or set EASYBUILD_INSTALLPATH)"
-            )
-        trees.append(path)
-    return tuple(trees)
-
-
-def resolve_eb(eb) -> str:
-    """``eb`` as an absolute path when it names a file or is found on PATH."""
-    return os.path.abspath(eb) if os.sep in eb else (shutil.which(eb) or eb)
-
-
-def rebuild_request(
-    *,
-    software,
-    modules,
-    modules_requested,
-    eb,
-    eb_args=(),
-    backend="auto",
-    run_id=None,
-    skip_live_check=False,
-    allow_unrelocated=False,
-    prepare=None,
-    ledger_config=None,
-    lock_timeout=0.0,
-) -> dict:
-    """The request a rebuild (or its dry run) works from, with absolute paths."""
-    return {
-        "software": os.path.abspath(software),
-        "modules": os.path.abspath(modules),
-        "modules_requested": list(modules_requested),
-        "backend": backend,
-        "eb": eb,
-        "eb_args": list(eb_args),
-        "run_id": run_id,
-        "skip_live_check": skip_live_check,
-        "allow_unrelocated": allow_unrelocated,
-        "prepare": prepare,
-        "ledger_config": os.path.abspath(ledger_config) if ledger_config else None,
-        "lock_timeout": lock_timeout,
-    }
 
 
 def rebuild_if_changed(request, state_root, progress, env, dry_run=False) -> dict:
@@ -145,7 +76,6 @@ def rebuild_if_changed(request, state_root, progress, env, dry_run=False) -> dic
     """
     comparison = uptodate.compare(request)
     if all(entry["up_to_date"] for entry in comparison):
-        rebuild.check_request(request)  # a refused request is refused whatever is live
         return {"changed": False, "state": "up_to_date", "dry_run": dry_run, "up_to_date": comparison}
     result = run_rebuild(request, state_root, progress, env, dry_run)
     result["up_to_date"] = comparison
@@ -158,62 +88,63 @@ def run_rebuild(request, state_root, progress, env, dry_run=False) -> dict:
         result = rebuild.dry_run(request)
         result["would_change"] = True
         return result
-    return rebuild.rebuild(
-        request, state_root_path(state_root, request["lock_timeout"]), faults_module.Faults(), progress, env
-    )
+    return rebuild.rebuild(request, state_root, progress, env)
+
+
+def _runs(state_root, run_id):
+    return [journals.find(state_root, run_id)] if run_id else journals.run_journals(state_root)
 
 
 def resume_runs(state_root, run_id, *, lock_timeout, progress, env, dry_run=False) -> dict:
     """Finish or reverse interrupted runs (one, or all); with ``dry_run`` only which would be."""
-    state_root = existing_state_root(state_root, lock_timeout)
+    state_root = existing_state_root(state_root)
     if run_id:
         paths.check_run_id(run_id)  # before the lock: a refused request writes nothing
     if dry_run:
-        runs = [journals.find(state_root, run_id)] if run_id else journals.run_journals(state_root)
+        runs = _runs(state_root, run_id)
         pending = [journal.run_id for journal in runs if journal.state in journals.INTERRUPTED]
         return {"changed": False, "dry_run": True, "would_change": bool(pending), "interrupted": pending}
-
+    # Read first: a journal that does not load refuses before the lock file is written.
+    if run_id:
+        journals.find(state_root, run_id)
+    else:
+        journals.check_all(state_root)
     paths.prepare_state_root(state_root)
-
-    def build_again(journal):
-        trees = paths.Trees(**journal.data["trees"])
-        return rebuild.build_and_publish(journal, trees, faults_module.Faults(), progress, env)
-
     with locking.StateLock(state_root, lock_timeout):
-        runs = [journals.find(state_root, run_id)] if run_id else journals.run_journals(state_root)
         results = [
             resume.resume_run(
-                journal,
-                paths.Trees(**journal.data["trees"]) if "trees" in journal.data else None,
-                build_again,
+                journal, journal.run.trees, lambda journal: rebuild.build_and_publish(journal, progress, env)
             )
-            for journal in runs
+            for journal in _runs(state_root, run_id)
         ]
     return {"changed": any(result["changed"] for result in results), "runs": results}
 
 
+def _rollback_check(journal):
+    return (retire.check_rollback if journal.run.kind is RunKind.RETIRE else rollback.check)(journal)
+
+
 def roll_back(state_root, run_id, lock_timeout, dry_run=False) -> dict:
     """Put back what run ``run_id`` replaced (a tree, or a retired module file)."""
-    state_root = existing_state_root(state_root, lock_timeout)
+    state_root = existing_state_root(state_root)
     paths.check_run_id(run_id)
+    # Read first: a journal that does not load refuses before the lock file is written.
+    journal = journals.find(state_root, run_id)
     if dry_run:
-        journal = journals.find(state_root, run_id)
         return {
             "changed": False,
             "dry_run": True,
             "run_id": run_id,
-            "state": journal.state,
+            "state": journal.state.value,
             # The real rollback's own checks: a refused one fails here as it would there.
-            "would_change": (retire.check_rollback if journal.data["kind"] == "retire" else rollback.check)(
-                journal
-            ),
+            "would_change": _rollback_check(journal),
         }
     paths.prepare_state_root(state_root)
     with locking.StateLock(state_root, lock_timeout):
         journal = journals.find(state_root, run_id)
-        if journal.data["kind"] == "retire":
+        if journal.run.kind is RunKind.RETIRE:
             return retire.rollback_retire(journal)
-        return rollback.rollback(journal, paths.Trees(**journal.data["trees"]), faults_module.Faults())
+        return rollback.rollback(journal, journal.run.trees)
 
 
 def retire_module(
@@ -224,7 +155,6 @@ def retire_module(
     With ``already_retired_ok``, a file that a retire run of this state root moved away
     (and that is not back) gives that run's result with ``changed`` false, not an error.
     """
-    state_root = state_root_path(state_root, lock_timeout)
     earlier = _retired_by(state_root, module_file) if already_retired_ok else None
     if earlier is not None:
         return earlier
@@ -246,31 +176,29 @@ def _retired_by(state_root, module_file):
     if os.path.lexists(module_file) or not os.path.isdir(os.path.join(state_root, "runs")):
         return None
     for journal in reversed(journals.run_journals(state_root)):
-        if journal.data.get("kind") == "retire" and journal.data.get("module_file") == module_file:
-            if journal.state != "retired":
+        if journal.run.kind is RunKind.RETIRE and journal.run.module_file == module_file:
+            if journal.state is not RunState.RETIRED:
                 return None
             return {
                 "changed": False,
                 "run_id": journal.run_id,
-                "state": journal.state,
+                "state": journal.state.value,
                 "module_file": module_file,
-                "retired_to": journal.data["retired_to"],
+                "retired_to": journal.run.retired_to,
             }
     return None
 
 
 def collect_garbage(state_root, grace_hours, lock_timeout, dry_run=False) -> dict:
     """Remove retired trees older than ``grace_hours``; ``dry_run`` lists them instead."""
-    state_root = existing_state_root(state_root, lock_timeout)
-    if not math.isfinite(grace_hours):
-        raise errors.UsageError(f"--grace-hours must be a finite number of hours, not {grace_hours}")
-    if grace_hours < 0:
-        raise errors.UsageError("--grace-hours must not be negative")
+    state_root = existing_state_root(state_root)
     if dry_run:
         # Reads only: no lock (its files would be written) and no missing directories made.
-        result = gc_module.gc(state_root, grace_hours=grace_hours, dry_run=True)
-        result["would_change"] = bool(result["removed"])
-        return result
+        report = gc_module.gc(state_root, grace_hours=grace_hours, dry_run=True)
+        report["would_change"] = bool(report["removed"])
+        return report
+    # Read first: a journal that does not load refuses before the lock file is written.
+    journals.check_all(state_root)
     paths.prepare_state_root(state_root)
     with locking.StateLock(state_root, lock_timeout):
         return gc_module.gc(state_root, grace_hours=grace_hours, dry_run=False)
@@ -278,14 +206,15 @@ def collect_garbage(state_root, grace_hours, lock_timeout, dry_run=False) -> dic
 
 def show_status(state_root, run_id=None) -> dict:
     """The runs of a state root, or one run in detail; reads only."""
-    return status.status(existing_state_root(state_root), run_id)
+    state_root = existing_state_root(state_root)
+    if run_id:
+        return {"run": journals.summary(journals.find(state_root, run_id), detail=True)}
+    return {"runs": [journals.summary(journal) for journal in journals.run_journals(state_root)]}
 
 
 def probe_host(path, eb, contention=None) -> dict:
     """The probe of ``path``; with ``contention`` (``lockprobe.contend``'s arguments) the lock's too."""
     result = {"changed": False, "probe": probe.probe(path, eb)}
     if contention is not None:
-        if not contention.get("state_root"):
-            raise errors.UsageError("the lock probe needs the state root (state_root)")
         result["lock"] = lockprobe.contend(**contention)
     return result

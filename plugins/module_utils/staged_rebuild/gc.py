@@ -17,10 +17,9 @@ import datetime
 import os
 
 from ..common import errors
-from . import fsutil, modulefile, operations, paths
+from . import fsutil, modulefile, operations, settings
 from . import journal as journals
-
-DEFAULT_GRACE_HOURS = 144.0
+from .journal import RunKind, RunState
 
 
 def _parse(stamp):
@@ -28,13 +27,12 @@ def _parse(stamp):
 
 
 def _elapsed(journal, now, grace):
-    since = journal.data.get("state_since") or journal.data["created"]
-    return now - _parse(since) >= grace
+    return now - _parse(journal.run.changed_since) >= grace
 
 
 def _is_recorded_sibling(entry, run_id, software):
     """The retired path must be the run's hidden sibling of a stable path ``<software>/Name/version``."""
-    retired, stable = os.path.normpath(entry["retired_path"]), os.path.normpath(entry["stable_path"])
+    retired, stable = os.path.normpath(entry.retired_path), os.path.normpath(entry.stable_path)
     return (
         os.path.dirname(retired) == os.path.dirname(stable)
         and os.path.dirname(os.path.dirname(stable)) == os.path.normpath(software)
@@ -47,10 +45,10 @@ def _tracked_roots(runs):
     the original path of any retire that was rolled back or interrupted."""
     files = set()
     for journal in runs:
-        if journal.data["kind"] == "publish":
-            files.update(entry["module_file"] for entry in journal.modules)
-        elif journal.state in ("rolled_back", "retiring"):
-            files.add(journal.data["module_file"])
+        if journal.run.kind is RunKind.PUBLISH:
+            files.update(entry.module_file for entry in journal.modules)
+        elif journal.state in (RunState.ROLLED_BACK, RunState.RETIRING):
+            files.add(journal.run.module_file)
     roots = set()
     for path in files:
         try:
@@ -66,15 +64,15 @@ def _tracked_roots(runs):
 def _collect_siblings(journal, now, grace, dry_run, report):
     """Remove (or, in a dry run, list) the hidden siblings one publish run recorded."""
     old_enough = _elapsed(journal, now, grace)
-    software = paths.Trees(**journal.data["trees"]).software
+    software = journal.run.trees.software
     for entry in journal.modules:
-        sibling = entry["retired_path"]
+        sibling = entry.retired_path
         if not os.path.lexists(sibling):
             continue
         if not _is_recorded_sibling(entry, journal.run_id, software) or os.path.islink(sibling):
             raise errors.JournalError(
                 f"run {journal.run_id} records {sibling}, which is not a hidden sibling of "
-                f"{entry['stable_path']}; gc stops"
+                f"{entry.stable_path}; gc stops"
             )
         # A link above the sibling (software/Name replaced by one) would send rmtree elsewhere.
         fsutil.refuse_symlink_components(sibling, stop_at=software)
@@ -84,17 +82,16 @@ def _collect_siblings(journal, now, grace, dry_run, report):
         if not dry_run:
             operations.remove_tree(sibling)
         report["removed"].append({"path": sibling, "run_id": journal.run_id})
-    generation = paths.Trees(**journal.data["trees"]).generation(journal.run_id)
+    generation = journal.run.trees.generation(journal.run_id)
     if old_enough and not dry_run and os.path.isdir(generation) and not os.path.islink(generation):
         operations.remove_tree(generation)
 
 
 def _report_retired(journal, roots, now, grace, report):
     """A retired module's software directory: ``keep`` or ``manual``, never deleted."""
-    software_dir = os.path.normpath(journal.data["software_dir"])
+    software_dir = os.path.normpath(journal.run.software_dir)
     in_use = any(root == software_dir or root.startswith(software_dir + "/") for root in roots)
-    retired_at = journal.data.get("state_since") or journal.data["created"]
-    if in_use or now - _parse(retired_at) < grace:
+    if in_use or now - _parse(journal.run.changed_since) < grace:
         why = "a tracked module file uses it" if in_use else "grace period"
         report["kept"].append({"path": software_dir, "run_id": journal.run_id, "why": why})
     else:
@@ -102,26 +99,26 @@ def _report_retired(journal, roots, now, grace, report):
         report["manual"].append({"path": software_dir, "run_id": journal.run_id, "why": why})
 
 
-def gc(state_root, grace_hours=DEFAULT_GRACE_HOURS, dry_run=False, now=None):
+def gc(state_root, grace_hours=settings.DEFAULT_GRACE_HOURS, dry_run=False, now=None):
     now = now or datetime.datetime.now(datetime.timezone.utc)
     grace = datetime.timedelta(hours=grace_hours)
     runs = journals.run_journals(state_root)
     report = {"removed": [], "kept": [], "manual": [], "interrupted": []}
     for journal in runs:
         if journal.state in journals.INTERRUPTED:
-            command = "rollback " + journal.run_id if journal.data["kind"] == "retire" else "resume"
+            command = "rollback " + journal.run_id if journal.run.kind is RunKind.RETIRE else "resume"
             report["interrupted"].append(
                 {
                     "run_id": journal.run_id,
-                    "state": journal.state,
+                    "state": journal.state.value,
                     "why": f"interrupted: 'eb-staged-rebuild {command}'",
                 }
             )
-        elif journal.data["kind"] == "publish":
+        elif journal.run.kind is RunKind.PUBLISH:
             _collect_siblings(journal, now, grace, dry_run, report)
     roots = _tracked_roots(runs)
     for journal in runs:
-        if journal.data["kind"] == "retire" and journal.state == "retired":
+        if journal.run.kind is RunKind.RETIRE and journal.state is RunState.RETIRED:
             _report_retired(journal, roots, now, grace, report)
     report.update(
         {"changed": bool(report["removed"]) and not dry_run, "dry_run": dry_run, "grace_hours": grace_hours}

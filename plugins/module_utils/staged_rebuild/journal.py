@@ -1,9 +1,12 @@
 # Copyright: hpcstack.ops contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The run journal: ``<state-root>/runs/<run-id>/journal.json``.
+"""The run journal: ``<state-root>/runs/<run-id>/journal.json``, its records and its steps.
 
-Format (a JSON object, rewritten whole by ``fsutil.atomic_write`` on every change, so a
-reader sees the previous version or the next one, never a torn file):
+The journal is one JSON object, rewritten whole by a durable replace on every change, so a
+reader sees the previous version or the next one, never a torn file. Its records are the
+dataclasses below (``Run``, ``ModuleEntry``, ``Step``), loaded and validated here, in one
+place (``records.load``: every field's presence and type, the shape of paths and times);
+nothing else reads a journal's keys.
 
 ``schema``
     2: a directory swap; 4: a directory swap whose run also appends ledger records.
@@ -11,37 +14,52 @@ reader sees the previous version or the next one, never a torn file):
     this version never swaps symlinks and refuses them rather than guess.
 ``kind``
     ``publish`` (a rebuild) or ``retire`` (a module file moved out of the way).
-``run_id``, ``created``, ``updated``, ``state_since``
-    The run's name and its UTC times (ISO 8601); ``state_since`` is when ``state`` last
-    changed (gc's grace period counts from it).
+``created``, ``updated``, ``state_since``
+    UTC times (ISO 8601 with offset); ``state_since`` is when ``state`` last changed (gc's
+    grace period counts from it).
 ``state``
-    Where the run is: ``building``, ``planning``, ``publishing``, ``published``,
-    ``failed`` (reversed after an error), ``rolling_back``, ``rolled_back``; for retire:
-    ``retiring``, ``retired``, ``rolled_back``.
+    Where the run is (``RunState``); ``INTERRUPTED`` lists those that resume must finish.
 ``modules``
-    One object per module, in publish order: ``module``, ``stable_path``,
-    ``retired_path`` (the staged sibling before the swap, the old tree after it),
-    ``module_file`` and its ``module_backup``, the SHA-256 of the old and new module file,
-    the inodes of live and stage taken before the swap (they let resume tell, from the
-    disk itself, whether a swap happened), and the live-change record.
+    One ``ModuleEntry`` per module, in publish order: its paths, the module file and its
+    backup, the SHA-256 of the old and new module file, and the inodes of live and stage
+    taken before the swap (they let resume tell, from the disk itself, whether a swap
+    happened).
 ``steps``
-    Each operation, appended with ``status: started`` BEFORE it runs and marked ``done``
-    after: a crash leaves the operation it interrupted at the end of the list.
+    Each operation, a ``Step`` appended with status ``started`` BEFORE it runs and marked
+    ``done`` after: a crash leaves the operation it interrupted at the end of the list.
+    A step's name is its kind (``StepKind``, a closed set), then the module class and the
+    module it acts on where it has them: ``class-link <class> <Name/version>``; a step that
+    reverses another is ``undo <that step>``.
 
-The journal is written before each step it records. ``EB_STAGED_REBUILD_CRASH_AT=<step>``
+Every step runs through one engine, ``Journal.step`` (or ``begin``/``done`` where a step
+ends when the next one starts): it counts the operation for the fault injection
+(``faults.Faults``), journals it as started, runs it, counts the point between the
+operation and its journal write, and journals it done. ``EB_STAGED_REBUILD_CRASH_AT=<step>``
 is a test-only hook: the process kills itself with SIGKILL right after recording that step
 as started, which is how the crash tests stop the tool at every journaled step.
+
+The recovery rule, beside the code: a run in an ``INTERRUPTED`` state is finished or
+reversed by ``resume`` from the disk itself (the inodes above, the module file's hash, the
+fallback's hold name), never from the journal's word alone.
 """
 
 from __future__ import annotations
 
-import datetime
+import contextlib
+import dataclasses
+import enum
 import json
 import os
 import signal
+import stat
+from typing import Any, Dict, Iterator, List, Optional
 
 from ..common import errors
-from . import fsutil, paths
+from ..common.errors import setting
+from . import fsutil, paths, records
+from .faults import Faults
+from .records import AbsPath, Sha256, Timestamp
+from .request import RebuildRequest
 
 SCHEMA_SWAP = 2
 SCHEMA_SWAP_LEDGER = 4
@@ -52,128 +70,443 @@ _REFUSED_SCHEMAS = {
 }
 JOURNAL = "journal.json"
 CRASH_HOOK = "EB_STAGED_REBUILD_CRASH_AT"
+# A journal nests four levels (run, modules, entry, class links); anything far deeper is
+# not one, and is refused before the typed load walks it.
+MAX_DEPTH = 8
+# The largest journal read: thousands of modules fit; a file beyond it is not a journal.
+MAX_BYTES = 64 * 1024 * 1024
+
+now = records.now
+
+
+class RunKind(enum.Enum):
+    PUBLISH = "publish"
+    RETIRE = "retire"
+
+
+class RunState(enum.Enum):
+    BUILDING = "building"
+    PLANNING = "planning"
+    PUBLISHING = "publishing"
+    PUBLISHED = "published"
+    FAILED = "failed"  # reversed after an error
+    ROLLING_BACK = "rolling_back"
+    ROLLED_BACK = "rolled_back"
+    RETIRING = "retiring"
+    RETIRED = "retired"
+
 
 # States in which a run holds work that resume must finish or reverse.
-INTERRUPTED = ("building", "planning", "publishing", "rolling_back", "retiring")
+INTERRUPTED = frozenset(
+    {RunState.BUILDING, RunState.PLANNING, RunState.PUBLISHING, RunState.ROLLING_BACK, RunState.RETIRING}
+)
 
 
-def now():
-    # Microseconds: two runs started in the same second still list in the order they began.
-    return datetime.datetime.now(datetime.timezone.utc).isoformat()
+class StepStatus(enum.Enum):
+    STARTED = "started"
+    DONE = "done"
+
+
+class StepKind(enum.Enum):
+    """Every operation a run journals; the value is how a step's name begins."""
+
+    BUILD = "build"
+    RELOCATE = "relocate"
+    MARKER = "marker"
+    PREPARE_MODULE = "prepare-module"
+    BACKUP = "backup"
+    STAGE_MOVE = "stage-move"
+    PREPARE_PROGRAM = "prepare-program"
+    SWAP = "swap"
+    # The three renames of the exchange's fallback (``swap.FALLBACK_STEPS``).
+    FALLBACK_LIVE_TO_HOLD = "fallback-1-live-to-hold"
+    FALLBACK_STAGED_TO_LIVE = "fallback-2-staged-to-live"
+    FALLBACK_HOLD_TO_STAGED = "fallback-3-hold-to-staged"
+    MODULE = "module"
+    CLASS_LINK = "class-link"
+    LEDGER = "ledger"
+    ROLLBACK_CLASS_LINK = "rollback class-link"
+    ROLLBACK_MODULE = "rollback module"
+    ROLLBACK_SWAP = "rollback swap"
+    RESUME_RECOVER_FALLBACK = "resume recover-fallback"
+    RESUME_CLASS_LINK = "resume class-link"
+    RESUME_MODULE = "resume module"
+    RESUME_SWAP = "resume swap"
+
+    @property
+    def has_module(self) -> bool:
+        return self not in _RUN_WIDE
+
+    @property
+    def has_class(self) -> bool:
+        return self in _WITH_CLASS
+
+
+_RUN_WIDE = frozenset({StepKind.BUILD, StepKind.RELOCATE, StepKind.PREPARE_PROGRAM, StepKind.LEDGER})
+_WITH_CLASS = frozenset({StepKind.CLASS_LINK, StepKind.ROLLBACK_CLASS_LINK, StepKind.RESUME_CLASS_LINK})
+# Longest first: "rollback class-link" must not be read as a kind "rollback ..." it is not.
+_KINDS_BY_LENGTH = sorted(StepKind, key=lambda kind: len(kind.value), reverse=True)
+_UNDO = "undo "
+
+
+@dataclasses.dataclass(frozen=True)
+class StepName:
+    """What a step does and to what: ``swap TinyApp/1.0``, ``undo module TinyApp/1.0``."""
+
+    kind: StepKind
+    module: Optional[str] = None
+    module_class: Optional[str] = None
+    undo: bool = False
+
+    def __str__(self) -> str:
+        words = [_UNDO.strip()] if self.undo else []
+        words.append(self.kind.value)
+        words.extend(word for word in (self.module_class, self.module) if word is not None)
+        return " ".join(words)
+
+    def undone(self) -> StepName:
+        return dataclasses.replace(self, undo=True)
+
+    def to_json(self) -> str:
+        return str(self)
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> StepName:
+        if not isinstance(value, str):
+            raise records.RecordError(f"{where} must be a string, not {type(value).__name__}")
+        undo = value.startswith(_UNDO)
+        words = (value[len(_UNDO) :] if undo else value).split(" ")
+        for kind in _KINDS_BY_LENGTH:
+            prefix = kind.value.split(" ")
+            if words[: len(prefix)] == prefix:
+                break
+        else:
+            raise records.RecordError(f"{where} is {value!r}, not a step this version knows")
+        words = words[len(prefix) :]
+        expected = int(kind.has_class) + int(kind.has_module)
+        if len(words) != expected:
+            raise records.RecordError(
+                f"{where} is {value!r}: a {kind.value} step names {expected} more words"
+            )
+        module_class = words.pop(0) if kind.has_class else None
+        module = words.pop(0) if kind.has_module else None
+        if module is not None:
+            try:
+                paths.parse_module(module)
+            except errors.UsageError:
+                raise records.RecordError(f"{where} is {value!r}: {module!r} is not NAME/VERSION") from None
+        return cls(kind, module, module_class, undo)
+
+
+@dataclasses.dataclass
+class Step:
+    step: StepName
+    status: StepStatus
+    at: Timestamp
+    # The ledger's length before a ledger step appended to it: resume cuts back to it.
+    ledger_length: Optional[int] = None
+
+
+@dataclasses.dataclass
+class ModuleEntry:
+    """One module of a publish run; the fields after ``module_file`` are filled as it goes."""
+
+    module: str
+    name: str
+    version: str
+    stable_path: AbsPath
+    # The staged sibling before the swap, the old tree after it.
+    retired_path: AbsPath
+    module_file: AbsPath
+    # The SHA-256 of every live file before the build (None: --skip-live-check).
+    live_record: Optional[AbsPath] = None
+    prepared_module: Optional[AbsPath] = None
+    new_module_sha256: Optional[Sha256] = None
+    class_links: List[str] = dataclasses.field(default_factory=list)
+    # None: there was no module file before this run.
+    module_backup: Optional[AbsPath] = None
+    old_module_sha256: Optional[Sha256] = None
+    stage_ino: Optional[int] = None
+    live_ino: Optional[int] = None
+    # Each module-class link's target before the publish changed it (None: there was none).
+    class_link_previous: Dict[str, Optional[str]] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, module_paths: paths.ModulePaths) -> ModuleEntry:
+        return cls(
+            module=module_paths.module,
+            name=module_paths.name,
+            version=module_paths.version,
+            stable_path=AbsPath(module_paths.stable_path),
+            retired_path=AbsPath(module_paths.retired_path),
+            module_file=AbsPath(module_paths.module_file()),
+        )
+
+    def check(self, where: str) -> None:
+        if self.module != f"{self.name}/{self.version}":
+            raise records.RecordError(f"{where}.module {self.module!r} is not its name/version")
+        try:
+            paths.parse_module(self.module)
+        except errors.UsageError:
+            raise records.RecordError(f"{where}.module {self.module!r} is not NAME/VERSION") from None
+
+
+@dataclasses.dataclass
+class Run:
+    """One run: a publish (a rebuild) or a retire. The last two groups belong to one kind each."""
+
+    schema: int
+    kind: RunKind
+    run_id: str
+    state: RunState
+    created: Timestamp
+    updated: Timestamp
+    modules: List[ModuleEntry]
+    steps: List[Step]
+    state_since: Optional[Timestamp] = None
+    # publish
+    trees: Optional[paths.Trees] = None
+    request: Optional[RebuildRequest] = None
+    backend: Optional[str] = None
+    relocated_files: Optional[int] = None
+    refused: Optional[bool] = None
+    resumed: Optional[Timestamp] = None
+    # retire
+    module_file: Optional[AbsPath] = None
+    retired_to: Optional[AbsPath] = None
+    module_sha256: Optional[Sha256] = None
+    software_dir: Optional[AbsPath] = None
+    reason: Optional[str] = None
+    retired_at: Optional[Timestamp] = None
+
+    @property
+    def changed_since(self) -> Timestamp:
+        """When the state last changed (gc's grace period counts from it)."""
+        return self.state_since or self.created
+
+    def check(self) -> None:
+        if self.schema not in SUPPORTED_SCHEMAS:
+            raise records.RecordError(_schema_problem(self.schema))
+        try:
+            paths.check_run_id(self.run_id)
+        except errors.UsageError as err:
+            raise records.RecordError(f"run_id: {err}") from None
+        needed = _PUBLISH_FIELDS if self.kind is RunKind.PUBLISH else _RETIRE_FIELDS
+        for name in needed:
+            if getattr(self, name) is None:
+                raise records.RecordError(f"{name} is missing (a {self.kind.value} run has it)")
+        for index, entry in enumerate(self.modules):
+            entry.check(f"modules[{index}]")
+
+
+_PUBLISH_FIELDS = ("trees", "request", "backend")
+_RETIRE_FIELDS = ("module_file", "retired_to", "module_sha256", "software_dir", "reason", "retired_at")
+
+
+def _schema_problem(schema: Any) -> str:
+    # JSON true is an int that equals 1, and a list is unhashable: only a real int counts.
+    known = isinstance(schema, int) and not isinstance(schema, bool)
+    if known and schema in _REFUSED_SCHEMAS:
+        return f"{_REFUSED_SCHEMAS[schema]}; this version only swaps directories (schemas 2 and 4)"
+    return f"unknown schema {schema!r} (known: 2, 4)"
+
+
+def _refuse_duplicates(pairs: List[Any]) -> Dict[str, Any]:
+    result: Dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise records.RecordError(f"the key {key!r} appears twice in one object")
+        result[key] = value
+    return result
+
+
+def _refuse_constant(name: str) -> None:
+    raise records.RecordError(f"{name} is not a JSON number")
+
+
+def parse(raw: bytes) -> Run:
+    """The run a journal file's bytes hold; raises RecordError saying what is wrong."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise records.RecordError(f"not UTF-8 ({len(raw)} bytes)") from None
+    try:
+        document = json.loads(text, object_pairs_hook=_refuse_duplicates, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise records.RecordError(f"nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as err:
+        if isinstance(err, records.RecordError):
+            raise
+        raise records.RecordError(f"truncated or not JSON ({len(raw)} bytes)") from None
+    if not isinstance(document, dict) or "schema" not in document:
+        raise records.RecordError("no schema field")
+    if document["schema"] not in SUPPORTED_SCHEMAS or isinstance(document["schema"], bool):
+        raise records.RecordError(_schema_problem(document["schema"]))
+    if records.depth(document) > MAX_DEPTH:
+        raise records.RecordError(f"nested deeper than {MAX_DEPTH} levels")
+    run = records.load(Run, document)
+    run.check()
+    return run
+
+
+class StepHandle:
+    """A step journaled as started; ``done()`` records it done (after its fault point)."""
+
+    def __init__(self, journal: Journal, entry: Step) -> None:
+        self.journal = journal
+        self.entry = entry
+
+    def done(self) -> None:
+        if not self.entry.step.undo:
+            self.journal.faults.before("journal " + str(self.entry.step))
+        self.entry.status = StepStatus.DONE
+        self.journal.save()
 
 
 class Journal:
     """One run's journal; every change is written through before the caller goes on."""
 
-    def __init__(self, path, data):
+    def __init__(self, path: str, run: Run, faults: Optional[Faults] = None) -> None:
         self.path = path
-        self.data = data
+        self.run = run
+        self.faults = faults if faults is not None else Faults()
 
     @property
-    def run_dir(self):
+    def run_dir(self) -> str:
         return os.path.dirname(self.path)
 
     @property
-    def run_id(self):
-        return self.data["run_id"]
+    def run_id(self) -> str:
+        return self.run.run_id
 
     @property
-    def state(self):
-        return self.data["state"]
+    def state(self) -> RunState:
+        return self.run.state
 
     @property
-    def modules(self):
-        return self.data["modules"]
+    def modules(self) -> List[ModuleEntry]:
+        return self.run.modules
 
     @classmethod
-    def create(cls, runs_dir, run_id, kind, state, schema=SCHEMA_SWAP, **fields):
+    def create(cls, runs_dir: str, run_id: str, kind: RunKind, state: RunState, **fields: Any) -> Journal:
         """Create ``runs_dir/run_id/`` and its first journal; refuse an existing run id."""
         run_dir = os.path.join(runs_dir, run_id)
         try:
             os.mkdir(run_dir, 0o700)
         except FileExistsError:
             raise errors.UsageError(
-                f"run {run_id} exists already ({run_dir}); pick another --run-id"
+                f"run {run_id} exists already ({run_dir}); pick another {setting('run_id')}"
             ) from None
         fsutil.fsync_dir(runs_dir)
         stamp = now()
-        data = {
-            "state_since": stamp,
-            "schema": schema,
-            "kind": kind,
-            "run_id": run_id,
-            "state": state,
-            "created": stamp,
-            "updated": stamp,
-            "modules": [],
-            "steps": [],
-        }
-        data.update(fields)
-        journal = cls(os.path.join(run_dir, JOURNAL), data)
+        request = fields.get("request")
+        schema = SCHEMA_SWAP_LEDGER if request is not None and request.ledger_config else SCHEMA_SWAP
+        run = Run(
+            schema=schema,
+            kind=kind,
+            run_id=run_id,
+            state=state,
+            created=stamp,
+            updated=stamp,
+            state_since=stamp,
+            modules=[],
+            steps=[],
+            **fields,
+        )
+        journal = cls(os.path.join(run_dir, JOURNAL), run)
         journal.save()
         return journal
 
     @classmethod
-    def load(cls, path):
+    def load(cls, path: str) -> Journal:
+        """The journal at ``path``; anything that is not a journal of this version is refused."""
         try:
-            with open(path, "rb") as handle:
-                raw = handle.read()
+            fd = fsutil.open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK)
         except OSError as err:
-            raise errors.JournalError(f"cannot read journal {path}: {err.strerror}") from None
+            raise errors.JournalError(f"journal {path}: cannot read it: {err.strerror}") from None
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise errors.JournalError(f"journal {path}: not a regular file")
+            raw = handle.read(MAX_BYTES + 1)
         try:
-            data = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            raise errors.JournalError(f"journal {path} is truncated or not JSON ({len(raw)} bytes)") from None
-        if not isinstance(data, dict) or "schema" not in data:
-            raise errors.JournalError(f"journal {path} has no schema field")
-        schema = data["schema"]
-        # JSON true is an int that equals 1, and a list is unhashable: only a real int counts.
-        known = isinstance(schema, int) and not isinstance(schema, bool)
-        if known and schema in _REFUSED_SCHEMAS:
-            raise errors.JournalError(
-                f"journal {path}: {_REFUSED_SCHEMAS[schema]}; "
-                "this version only swaps directories (schemas 2 and 4)"
-            )
-        if not known or schema not in SUPPORTED_SCHEMAS:
-            raise errors.JournalError(f"journal {path} has unknown schema {schema!r} (known: 2, 4)")
-        for field in ("kind", "run_id", "state", "modules", "steps"):
-            if field not in data:
-                raise errors.JournalError(f"journal {path} lacks the field {field!r}")
-        return cls(path, data)
+            if len(raw) > MAX_BYTES:
+                raise records.RecordError(f"larger than {MAX_BYTES} bytes")
+            run = parse(raw)
+            if run.run_id != os.path.basename(os.path.dirname(path)) and _in_runs_dir(path):
+                raise records.RecordError(f"run_id {run.run_id!r} is not its directory's name")
+        except records.RecordError as err:
+            raise errors.JournalError(f"journal {path}: {err}") from None
+        return cls(path, run)
 
-    def save(self):
-        self.data["updated"] = now()
-        fsutil.atomic_write_json(self.path, self.data)
+    def save(self) -> None:
+        self.run.updated = now()
+        data = json.dumps(records.dump(self.run), sort_keys=True).encode("utf-8")
+        fsutil.atomic_write(self.path, data)
 
-    def set_state(self, state):
-        self.data["state"] = state
+    def set_state(self, state: RunState) -> None:
+        self.run.state = state
         # gc's grace clock starts when the run last changed state, not at any later save.
-        self.data["state_since"] = now()
+        self.run.state_since = now()
         self.save()
 
-    def start(self, step, **fields):
-        """Record ``step`` as started (durably) before the caller performs it."""
-        entry = {"step": step, "status": "started", "at": now()}
-        entry.update(fields)
-        self.data["steps"].append(entry)
+    def begin(self, name: StepName, **fields: Any) -> StepHandle:
+        """Count ``name`` for the fault injection, then record it as started (durably)."""
+        text = str(name)
+        # A reversal's steps are no fault points: the reversal is what a fault tests.
+        if not name.undo:
+            self.faults.before(text)
+        entry = Step(step=name, status=StepStatus.STARTED, at=now(), **fields)
+        self.run.steps.append(entry)
         self.save()
-        if os.environ.get(CRASH_HOOK) == step:
+        if os.environ.get(CRASH_HOOK) == text:
             os.kill(os.getpid(), signal.SIGKILL)
-        return entry
+        return StepHandle(self, entry)
 
-    def finish(self, entry, **fields):
-        entry["status"] = "done"
-        entry.update(fields)
-        self.save()
+    @contextlib.contextmanager
+    def step(
+        self,
+        kind: StepKind,
+        entry: Optional[ModuleEntry] = None,
+        module_class: Optional[str] = None,
+        **fields: Any,
+    ) -> Iterator[StepHandle]:
+        """``with journal.step(kind, entry):`` the block is one journaled step of ``entry``'s module.
 
-    def step_names(self):
-        return [entry["step"] for entry in self.data["steps"]]
+        Recorded as started before the block runs and done after it returns; a block that
+        raises leaves the step ``started``, the mark of the operation a failure interrupted.
+        """
+        with self.step_named(step_name(kind, entry, module_class), **fields) as handle:
+            yield handle
+
+    @contextlib.contextmanager
+    def step_named(self, name: StepName, **fields: Any) -> Iterator[StepHandle]:
+        handle = self.begin(name, **fields)
+        yield handle
+        handle.done()
+
+    def step_names(self) -> List[str]:
+        return [str(entry.step) for entry in self.run.steps]
+
+    def steps_of(self, kind: StepKind) -> List[Step]:
+        return [entry for entry in self.run.steps if entry.step.kind is kind and not entry.step.undo]
 
 
-def run_journals(state_root):
+def step_name(
+    kind: StepKind, entry: Optional[ModuleEntry] = None, module_class: Optional[str] = None
+) -> StepName:
+    return StepName(kind, entry.module if entry is not None else None, module_class)
+
+
+def _in_runs_dir(path: str) -> bool:
+    return os.path.basename(os.path.dirname(os.path.dirname(path))) == "runs"
+
+
+def run_journals(state_root: str, being_created_ok: bool = False) -> List[Journal]:
     """Every journal under ``state_root/runs``, oldest run first; one bad journal stops it.
 
-    A partial list would hide the broken run, so an unreadable journal raises.
+    A partial list would hide the broken run, so an unreadable journal raises. Without the
+    lock (``being_created_ok``), a run directory without its journal yet is one that the
+    lock's holder is creating, and is left out.
     """
     runs_dir = os.path.join(state_root, "runs")
     try:
@@ -182,17 +515,67 @@ def run_journals(state_root):
         return []
     journals = []
     for name in names:
-        path = os.path.join(runs_dir, name, JOURNAL)
-        if os.path.isdir(os.path.join(runs_dir, name)):
-            journals.append(Journal.load(path))
-    journals.sort(key=lambda journal: (journal.data.get("created", ""), journal.run_id))
+        run_dir = os.path.join(runs_dir, name)
+        if not os.path.isdir(run_dir) or os.path.islink(run_dir):
+            continue
+        if being_created_ok and not os.path.lexists(os.path.join(run_dir, JOURNAL)):
+            continue
+        journals.append(Journal.load(os.path.join(run_dir, JOURNAL)))
+    journals.sort(key=lambda journal: (journal.run.created, journal.run_id))
     return journals
 
 
-def find(state_root, run_id):
+def check_all(state_root: str) -> None:
+    """Load every journal, without the lock: one that does not load refuses the command
+    before it writes the lock file (the command reads them again under the lock)."""
+    run_journals(state_root, being_created_ok=True)
+
+
+def find(state_root: str, run_id: str) -> Journal:
     """The journal of ``run_id``; a run id that is not a plain name (``../x``) is refused."""
     paths.check_run_id(run_id)
     path = os.path.join(state_root, "runs", run_id, JOURNAL)
     if not os.path.lexists(os.path.dirname(path)):
         raise errors.UsageError("no run {} under {}".format(run_id, os.path.join(state_root, "runs")))
     return Journal.load(path)
+
+
+def interrupted(state_root: str) -> List[Journal]:
+    return [journal for journal in run_journals(state_root) if journal.state in INTERRUPTED]
+
+
+def summary(journal: Journal, detail: bool = False) -> Dict[str, Any]:
+    """What ``status`` shows of a run: the whole record with ``detail``, else its headline."""
+    run = journal.run
+    if detail:
+        result = records.dump(run)
+        result["journal"] = journal.path
+        for entry, dumped in zip(run.modules, result["modules"]):
+            dumped["retired_path_exists"] = os.path.lexists(entry.retired_path)
+        return result
+    headline = {
+        "run_id": run.run_id,
+        "kind": run.kind.value,
+        "schema": run.schema,
+        "state": run.state.value,
+        "created": run.created,
+        "state_since": run.changed_since,
+    }
+    if run.kind is RunKind.RETIRE:
+        headline.update(
+            module_file=run.module_file,
+            retired_to=run.retired_to,
+            software_dir=run.software_dir,
+            reason=run.reason,
+        )
+    else:
+        headline["modules"] = [
+            {
+                "module": entry.module,
+                "stable_path": entry.stable_path,
+                "retired_path": entry.retired_path,
+                "retired_path_exists": os.path.lexists(entry.retired_path),
+            }
+            for entry in run.modules
+        ]
+    return headline

@@ -10,31 +10,43 @@ publish that fails after it leaves no record of a tree that never went live.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import hashlib
 import json
 import os
 
 from ..common import errors
-from . import fsutil
-from . import journal as journals
+from ..common.errors import setting
+from . import fsutil, records
+from .records import AbsPath
+
+
+@dataclasses.dataclass(frozen=True)
+class LedgerConfig:
+    """Where the ledger is and the site label each line carries."""
+
+    path: AbsPath
+    site: str = ""
 
 
 def load_config(path):
+    """The ledger configuration in the file ``path`` (the ``ledger_config`` setting)."""
     try:
         with open(path, encoding="utf-8") as handle:
-            config = json.load(handle)
+            document = json.load(handle)
     except OSError as err:
-        raise errors.UsageError(f"cannot read --ledger-config {path}: {err.strerror}") from None
+        raise errors.UsageError(f"cannot read {setting('ledger_config')} {path}: {err.strerror}") from None
     except ValueError:
-        raise errors.UsageError(f"--ledger-config {path} is not JSON") from None
-    if not isinstance(config, dict) or not isinstance(config.get("path"), str) or not config["path"]:
+        raise errors.UsageError(f"{setting('ledger_config')} {path} is not JSON") from None
+    target = document.get("path") if isinstance(document, dict) else None
+    if not isinstance(target, str) or not target:
         raise errors.UsageError(
-            f'--ledger-config {path} needs {{"path": "<ledger.jsonl>", "site": "<label>"}}'
+            f'{setting("ledger_config")} {path} needs {{"path": "<ledger.jsonl>", "site": "<label>"}}'
         )
-    if not os.path.isabs(config["path"]):
-        raise errors.UsageError("--ledger-config {}: path {!r} is not absolute".format(path, config["path"]))
-    return {"path": config["path"], "site": str(config.get("site", ""))}
+    if not os.path.isabs(target):
+        raise errors.UsageError(f"{setting('ledger_config')} {path}: path {target!r} is not absolute")
+    return LedgerConfig(AbsPath(target), str(document.get("site", "")))
 
 
 def _sha256(path):
@@ -42,24 +54,25 @@ def _sha256(path):
         return hashlib.sha256(handle.read()).hexdigest()
 
 
-def records(journal, config):
-    published_at = journals.now()
+def lines_of(journal, config):
+    """The ledger's lines for a published run: one per module, as it is live now."""
+    published_at = records.now()
     lines = []
     for entry in journal.modules:
-        easyconfigs = sorted(glob.glob(os.path.join(entry["stable_path"], "easybuild", "*.eb")))
+        easyconfigs = sorted(glob.glob(os.path.join(entry.stable_path, "easybuild", "*.eb")))
         lines.append(
             {
-                "name": entry["name"],
-                "version": entry["version"],
-                "stable_path": entry["stable_path"],
+                "name": entry.name,
+                "version": entry.version,
+                "stable_path": entry.stable_path,
                 "run_id": journal.run_id,
-                "site": config["site"],
-                "started_at": journal.data["created"],
+                "site": config.site,
+                "started_at": journal.run.created,
                 "published_at": published_at,
-                "module_file": entry["module_file"],
-                "module_sha256": entry["new_module_sha256"],
+                "module_file": entry.module_file,
+                "module_sha256": entry.new_module_sha256,
                 "easyconfig_sha256": _sha256(easyconfigs[0]) if easyconfigs else None,
-                "retired_path": entry["retired_path"],
+                "retired_path": entry.retired_path,
             }
         )
     return lines
@@ -67,7 +80,7 @@ def records(journal, config):
 
 def append(config, lines):
     """Append ``lines`` durably; return the ledger's length before, for the inverse."""
-    path = config["path"]
+    path = config.path
     fsutil.refuse_symlink_components(path)
     created = not os.path.exists(path)
     fd = fsutil.open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -85,7 +98,7 @@ def append(config, lines):
 
 def length(config):
     try:
-        return os.lstat(config["path"]).st_size
+        return os.lstat(config.path).st_size
     except FileNotFoundError:
         return 0
 
@@ -93,7 +106,7 @@ def length(config):
 def remove_run_records(config, length_before, run_id):
     """Cut the lines a crashed run appended after ``length_before``, if they are all its own."""
     try:
-        with open(config["path"], "rb") as handle:
+        with open(config.path, "rb") as handle:
             handle.seek(length_before)
             tail = handle.read()
     except FileNotFoundError:
@@ -106,7 +119,7 @@ def remove_run_records(config, length_before, run_id):
 
 
 def truncate(config, length):
-    fd = fsutil.open_nofollow(config["path"], os.O_WRONLY, 0o644)
+    fd = fsutil.open_nofollow(config.path, os.O_WRONLY, 0o644)
     try:
         os.ftruncate(fd, length)
         os.fsync(fd)

@@ -10,40 +10,17 @@ live trees that diff mode shows before and after.
 from __future__ import annotations
 
 import os
-import re
 import stat
 
-from . import commands, paths
+from . import commands, paths, settings
 from . import journal as journals
 
-STATE_ROOT_VARIABLE = "EB_STAGED_REBUILD_STATE_ROOT"
 NO_MODULE_FILE = "(no module file)\n"
 # A link, a directory or a FIFO where a module file was asked for: its content is not shown.
 NOT_A_FILE = "(not a regular file)\n"
 # Check mode's diff: the live directory would be another one, whose inode is not known yet.
 REPLACED = "replaced"
 _IDENTITY = {None: "absent", REPLACED: "replaced by a new directory"}
-# The core words its refusals for the command line; a module's user knows its options instead.
-# EasyBuild's own options (--rebuild, --try-*) and the command's --prepare, which the modules
-# do not offer, keep their names.
-OPTION_NAMES = {
-    "--state-root": "state_root",
-    "--lock-timeout": "lock_timeout",
-    "--installpath": "installpath",
-    "--installpath-software": "installpath_software",
-    "--installpath-modules": "installpath_modules",
-    "--module": "module",
-    "--backend": "backend",
-    "--eb": "eb",
-    "--run-id": "run_id",
-    "--skip-live-check": "skip_live_check",
-    "--allow-unrelocated": "allow_unrelocated",
-    "--ledger-config": "ledger_config",
-    "--grace-hours": "grace_hours",
-    "--reason": "reason",
-    "--path": "path",
-}
-_OPTION = re.compile(r"(?<![\w-])--[a-z][a-z-]*")
 
 
 def common_arguments() -> dict:
@@ -52,16 +29,18 @@ def common_arguments() -> dict:
 
 
 def state_root(params, environ) -> str:
-    """The ``state_root`` option, else the host's EB_STAGED_REBUILD_STATE_ROOT (may be None)."""
-    return params.get("state_root") or environ.get(STATE_ROOT_VARIABLE)
+    """The ``state_root`` option, else the host's EB_STAGED_REBUILD_STATE_ROOT; refuses neither."""
+    return settings.state_root(params, environ)
 
 
 def run(call, check_mode, diff_mode=False, snapshot=None):
-    """One command for a module: ``(result, None)``, or ``(None, message)`` when it failed.
+    """One command for a module: ``(result, None)``, or ``(None, failure)`` when it failed.
 
     ``call(dry_run)`` runs the command, or in check mode its dry run, whose ``would_change``
     becomes ``changed``. In diff mode ``snapshot()`` is taken before and after; in check mode
     the after is the prediction: each live directory replaced, or a retired file gone.
+    ``failure`` holds ``fail_json``'s arguments: ``msg``, one line that names the module's
+    options, and ``error``, the error's stable kind (``lock_held``: another run holds the lock).
     """
     try:
         before = snapshot() if diff_mode and snapshot else None
@@ -73,13 +52,8 @@ def run(call, check_mode, diff_mode=False, snapshot=None):
             after = _predicted(before, result["changed"]) if check_mode else snapshot()
             result["diff"] = {"before": render(before), "after": render(after)}
     except commands.FAILURES as err:
-        return None, in_option_names(commands.failure_message(err))
+        return None, {"msg": commands.failure_message(err, name_of=str), "error": commands.failure_kind(err)}
     return result, None
-
-
-def in_option_names(message) -> str:
-    """``message`` with the command's options named as the modules' options."""
-    return _OPTION.sub(lambda found: OPTION_NAMES.get(found.group(0), found.group(0)), message)
 
 
 def _predicted(before, changes) -> dict:
@@ -114,10 +88,10 @@ def live_snapshot(software, modules, module_names) -> dict:
 def run_snapshot(state_root, run_id) -> dict:
     """The live state that run ``run_id`` changed: its modules, or the file it retired."""
     journal = journals.find(commands.existing_state_root(state_root), run_id)
-    if journal.data["kind"] == "retire":
-        return file_snapshot(journal.data["module_file"])
-    trees = journal.data["trees"]
-    return live_snapshot(trees["software"], trees["modules"], [entry["module"] for entry in journal.modules])
+    if journal.run.kind is journals.RunKind.RETIRE:
+        return file_snapshot(journal.run.module_file)
+    trees = journal.run.trees
+    return live_snapshot(trees.software, trees.modules, [entry.module for entry in journal.modules])
 
 
 def file_snapshot(path) -> dict:

@@ -23,26 +23,26 @@ from . import fsutil, modulefile, swap
 
 def exchange(entry, on_step=None):
     """Swap the staged sibling and the live directory; the sibling then holds the other tree."""
-    return swap.exchange(entry["retired_path"], entry["stable_path"], on_step=on_step)
+    return swap.exchange(entry.retired_path, entry.stable_path, on_step=on_step)
 
 
 def write_module(entry):
     """Put the prepared module file live, keeping the live file's owner, mode and ACLs."""
-    with open(entry["prepared_module"], "rb") as handle:
-        modulefile.replace_keeping_metadata(entry["module_file"], handle.read())
+    with open(entry.prepared_module, "rb") as handle:
+        modulefile.replace_keeping_metadata(entry.module_file, handle.read())
 
 
 def restore_module(entry):
     """Put the backed-up module file back; remove the new one when there was none before."""
-    if entry.get("module_backup"):
-        modulefile.restore_file(entry["module_backup"], entry["module_file"])
-    elif os.path.lexists(entry["module_file"]):
-        os.unlink(entry["module_file"])
-        fsutil.fsync_dir(os.path.dirname(entry["module_file"]))
+    if entry.module_backup:
+        modulefile.restore_file(entry.module_backup, entry.module_file)
+    elif os.path.lexists(entry.module_file):
+        os.unlink(entry.module_file)
+        fsutil.fsync_dir(os.path.dirname(entry.module_file))
 
 
 def class_link_path(trees, entry, module_class):
-    return os.path.join(trees.modules, module_class, entry["name"], os.path.basename(entry["module_file"]))
+    return os.path.join(trees.modules, module_class, entry.name, os.path.basename(entry.module_file))
 
 
 def current_class_link(trees, entry, module_class):
@@ -61,8 +61,8 @@ def set_class_link(trees, entry, module_class):
     Returns what was there before (a link target, or None) so the inverse can restore it.
     """
     previous = current_class_link(trees, entry, module_class)
-    if previous != entry["module_file"]:
-        _replace_link(class_link_path(trees, entry, module_class), entry["module_file"])
+    if previous != entry.module_file:
+        _replace_link(class_link_path(trees, entry, module_class), entry.module_file)
     return previous
 
 
@@ -127,12 +127,11 @@ def remove_generation(generation):
 
 def _still_staged(entry):
     """True while the sibling holds this run's staged inode and the live path the old one."""
-    sibling = entry["retired_path"]
-    if entry.get("stage_ino") is None or os.path.islink(sibling) or not os.path.isdir(sibling):
+    sibling = entry.retired_path
+    if entry.stage_ino is None or os.path.islink(sibling) or not os.path.isdir(sibling):
         return False
     return (
-        os.lstat(sibling).st_ino == entry["stage_ino"]
-        and os.lstat(entry["stable_path"]).st_ino == entry["live_ino"]
+        os.lstat(sibling).st_ino == entry.stage_ino and os.lstat(entry.stable_path).st_ino == entry.live_ino
     )
 
 
@@ -143,5 +142,5 @@ def discard_stage(journal, generation):
     """
     for entry in journal.modules:
         if _still_staged(entry):
-            remove_tree(entry["retired_path"])
+            remove_tree(entry.retired_path)
     remove_generation(generation)

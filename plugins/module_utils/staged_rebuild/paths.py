@@ -15,12 +15,15 @@ symlink (a link would let one wrong entry redirect a swap or a delete elsewhere)
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import stat
 
 from ..common import errors
+from ..common.errors import setting
 from . import fsutil
+from .records import AbsPath
 
 # One path component of a module name: what EasyBuild writes (Name, version-toolchain).
 _COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*\Z")
@@ -29,16 +32,23 @@ RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 GENERATIONS = ".eb-staged-rebuild"
 
 
+@dataclasses.dataclass(frozen=True)
 class Trees:
     """The live software root and module root (``<installpath>/software``, ``.../modules``)."""
 
-    def __init__(self, software, modules):
-        self.software = os.path.abspath(software)
-        self.modules = os.path.abspath(modules)
+    software: AbsPath
+    modules: AbsPath
+
+    def __post_init__(self) -> None:
+        # Frozen: the normalised paths are set once, here.
+        object.__setattr__(self, "software", os.path.abspath(self.software))
+        object.__setattr__(self, "modules", os.path.abspath(self.modules))
 
     @classmethod
-    def from_installpath(cls, installpath):
-        return cls(os.path.join(installpath, "software"), os.path.join(installpath, "modules"))
+    def from_installpath(cls, installpath: str) -> Trees:
+        return cls(
+            AbsPath(os.path.join(installpath, "software")), AbsPath(os.path.join(installpath, "modules"))
+        )
 
     @property
     def modules_all(self):
@@ -48,16 +58,14 @@ class Trees:
         """The run's build area, inside the software root so its trees move by rename."""
         return os.path.join(self.software, GENERATIONS, run_id)
 
-    def as_dict(self):
-        return {"software": self.software, "modules": self.modules}
-
 
 def parse_module(value):
     """``Name/version`` -> ``(name, version)``; anything that could leave a root is refused."""
     parts = value.split("/")
     if len(parts) != 2 or not all(_COMPONENT.match(part) for part in parts):
         raise errors.UsageError(
-            f"--module {value!r} is not NAME/VERSION of plain names (no '..', no '/', no leading '.')"
+            f"{setting('modules')} {value!r} is not NAME/VERSION of plain names "
+            "(no '..', no '/', no leading '.')"
         )
     return parts[0], parts[1]
 

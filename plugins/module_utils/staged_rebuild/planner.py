@@ -21,7 +21,9 @@ import stat
 import subprocess
 
 from ..common import errors
+from ..common.errors import setting
 from . import fsutil, modulefile, paths
+from .journal import RunState, StepKind
 
 RUN_MARKER = ".eb-staged-rebuild-run"
 
@@ -64,26 +66,26 @@ def owner_write_window(directory):
 def record_live(journal, entry, skip):
     """Take the live-change record of one module: a SHA-256 of every live file, before the build."""
     if skip:
-        entry["live_record"] = None
+        entry.live_record = None
         return
-    record_path = os.path.join(journal.run_dir, "live", entry["name"], entry["version"] + ".json")
+    record_path = os.path.join(journal.run_dir, "live", entry.name, entry.version + ".json")
     os.makedirs(os.path.dirname(record_path), exist_ok=True)
-    fsutil.atomic_write_json(record_path, fsutil.tree_digest(entry["stable_path"]))
-    entry["live_record"] = record_path
+    fsutil.atomic_write_json(record_path, fsutil.tree_digest(entry.stable_path))
+    entry.live_record = record_path
 
 
 def check_live(entry):
     """Refuse the swap when a live file changed since the build started, naming the files."""
-    if not entry.get("live_record"):
+    if not entry.live_record:
         return
-    with open(entry["live_record"], encoding="utf-8") as handle:
+    with open(entry.live_record, encoding="utf-8") as handle:
         before = json.load(handle)
-    changed = fsutil.changed_paths(before, fsutil.tree_digest(entry["stable_path"]))
+    changed = fsutil.changed_paths(before, fsutil.tree_digest(entry.stable_path))
     if changed:
         shown = ", ".join(changed[:10]) + (f" and {len(changed) - 10} more" if len(changed) > 10 else "")
         raise errors.PublishError(
-            "the live tree {} changed during the build ({}); nothing was swapped "
-            "(--skip-live-check skips this check)".format(entry["stable_path"], shown)
+            f"the live tree {entry.stable_path} changed during the build ({shown}); nothing was swapped "
+            f"({setting('skip_live_check')} skips this check)"
         )
 
 
@@ -96,114 +98,102 @@ def _prepare_module(journal, entry, staged_install, staged_module):
     built_root = modulefile.parse_root(text)
     if built_root is None:
         raise errors.PublishError(f"module file {staged_module} has no root assignment")
-    if os.path.normpath(built_root) not in (os.path.normpath(staged_install), entry["stable_path"]):
+    if os.path.normpath(built_root) not in (os.path.normpath(staged_install), entry.stable_path):
         raise errors.PublishError(
             f"module file {staged_module} names root {built_root}, not the staged install {staged_install}"
         )
-    prepared = modulefile.with_root(text, entry["stable_path"]).encode("utf-8")
-    prepared_path = os.path.join(
-        journal.run_dir, "prepared", entry["name"], os.path.basename(entry["module_file"])
-    )
+    prepared = modulefile.with_root(text, entry.stable_path).encode("utf-8")
+    prepared_path = os.path.join(journal.run_dir, "prepared", entry.name, os.path.basename(entry.module_file))
     os.makedirs(os.path.dirname(prepared_path), exist_ok=True)
     fsutil.atomic_write(prepared_path, prepared)
-    entry["prepared_module"] = prepared_path
-    entry["new_module_sha256"] = modulefile.module_hash(prepared)
+    entry.prepared_module = prepared_path
+    entry.new_module_sha256 = modulefile.module_hash(prepared)
 
 
 def _back_up_module(journal, entry):
-    module_file = entry["module_file"]
+    module_file = entry.module_file
     if os.path.islink(module_file):
         raise errors.UsageError(f"module file {module_file} is a symlink; refusing to replace it")
     if not os.path.lexists(module_file):
-        entry["module_backup"] = None
-        entry["old_module_sha256"] = None
+        entry.module_backup = None
+        entry.old_module_sha256 = None
         return
     with open(module_file, "rb") as handle:
         old = handle.read()
-    backup = os.path.join(journal.run_dir, "backup", entry["name"], os.path.basename(module_file))
+    backup = os.path.join(journal.run_dir, "backup", entry.name, os.path.basename(module_file))
     os.makedirs(os.path.dirname(backup), exist_ok=True)
     fsutil.atomic_write(backup, old)
-    entry["module_backup"] = backup
-    entry["old_module_sha256"] = modulefile.module_hash(old)
+    entry.module_backup = backup
+    entry.old_module_sha256 = modulefile.module_hash(old)
 
 
 def _staged_class_links(generation, entry):
     """Module-class links the build made (``modules/<class>/Name/version.lua``)."""
     modules = os.path.join(generation, "modules")
-    base = os.path.basename(entry["module_file"])
+    base = os.path.basename(entry.module_file)
     links = []
-    for link in sorted(glob.glob(os.path.join(modules, "*", entry["name"], base))):
+    for link in sorted(glob.glob(os.path.join(modules, "*", entry.name, base))):
         if os.path.relpath(link, modules).split(os.sep)[0] != "all" and os.path.islink(link):
             links.append(os.path.relpath(link, modules).split(os.sep)[0])
     return links
 
 
-def plan(journal, trees, generation, faults, *, prepare=None, env=None):
+def plan(journal, trees, generation, *, prepare=None, env=None):
     """Make every module of the journal ready to swap; refuse, changing nothing live, if one is not."""
-    journal.set_state("planning")
+    journal.set_state(RunState.PLANNING)
     for entry in journal.modules:
-        module_paths = paths.ModulePaths(trees, entry["name"], entry["version"], journal.run_id)
+        module_paths = paths.ModulePaths(trees, entry.name, entry.version, journal.run_id)
         staged_install, staged_module = module_paths.staged_build(generation)
         if not os.path.isdir(staged_install) or not has_build_evidence(staged_install):
             raise errors.PublishError(
-                "the build of {} is incomplete: {} has no PAYLOAD and no easybuild/*.eb".format(
-                    entry["module"], staged_install
+                f"the build of {entry.module} is incomplete: {staged_install} has no PAYLOAD "
+                "and no easybuild/*.eb"
+            )
+        with journal.step(StepKind.MARKER, entry):
+            # A sealed install stays sealed: the marker gets no write bit either.
+            sealed = not os.stat(staged_install).st_mode & stat.S_IWUSR
+            with owner_write_window(staged_install):
+                fsutil.atomic_write(
+                    os.path.join(staged_install, RUN_MARKER),
+                    (journal.run_id + "\n").encode(),
+                    mode=0o444 if sealed else 0o644,
                 )
-            )
-        faults.before("marker " + entry["module"])
-        step = journal.start("marker " + entry["module"])
-        # A sealed install stays sealed: the marker gets no write bit either.
-        sealed = not os.stat(staged_install).st_mode & stat.S_IWUSR
-        with owner_write_window(staged_install):
-            fsutil.atomic_write(
-                os.path.join(staged_install, RUN_MARKER),
-                (journal.run_id + "\n").encode(),
-                mode=0o444 if sealed else 0o644,
-            )
-        journal.finish(step)
 
-        faults.before("prepare-module " + entry["module"])
-        step = journal.start("prepare-module " + entry["module"])
-        _prepare_module(journal, entry, staged_install, staged_module)
-        entry["class_links"] = _staged_class_links(generation, entry)
-        journal.finish(step)
+        with journal.step(StepKind.PREPARE_MODULE, entry):
+            _prepare_module(journal, entry, staged_install, staged_module)
+            entry.class_links = _staged_class_links(generation, entry)
 
-        faults.before("backup " + entry["module"])
-        step = journal.start("backup " + entry["module"])
-        _back_up_module(journal, entry)
-        journal.finish(step)
+        with journal.step(StepKind.BACKUP, entry):
+            _back_up_module(journal, entry)
 
-        faults.before("stage-move " + entry["module"])
-        step = journal.start("stage-move " + entry["module"])
-        with owner_write_window(staged_install):
-            os.rename(staged_install, entry["retired_path"])
-        fsutil.fsync_dir(os.path.dirname(staged_install))
-        fsutil.fsync_dir(os.path.dirname(entry["retired_path"]))
-        entry["stage_ino"] = os.lstat(entry["retired_path"]).st_ino
-        entry["live_ino"] = os.lstat(entry["stable_path"]).st_ino
-        journal.finish(step)
+        with journal.step(StepKind.STAGE_MOVE, entry):
+            with owner_write_window(staged_install):
+                os.rename(staged_install, entry.retired_path)
+            fsutil.fsync_dir(os.path.dirname(staged_install))
+            fsutil.fsync_dir(os.path.dirname(entry.retired_path))
+            entry.stage_ino = os.lstat(entry.retired_path).st_ino
+            entry.live_ino = os.lstat(entry.stable_path).st_ino
 
     if prepare:
-        faults.before("prepare-program")
-        step = journal.start("prepare-program")
-        done = subprocess.run(prepare, shell=True, env=env, check=False, close_fds=True)  # noqa: S602
-        if done.returncode != 0:
-            raise errors.PublishError(
-                f"--prepare {prepare!r} exited with status {done.returncode}; nothing was swapped"
-            )
-        journal.finish(step)
+        with journal.step(StepKind.PREPARE_PROGRAM):
+            done = subprocess.run(prepare, shell=True, env=env, check=False, close_fds=True)  # noqa: S602
+            if done.returncode != 0:
+                raise errors.PublishError(
+                    f"{setting('prepare')} {prepare!r} exited with status {done.returncode}; "
+                    "nothing was swapped"
+                )
 
     for entry in journal.modules:
-        if not has_build_evidence(entry["retired_path"]):
+        if not has_build_evidence(entry.retired_path):
             raise errors.PublishError(
-                f"{entry['retired_path']} lost its build evidence (PAYLOAD or easybuild/*.eb) "
+                f"{entry.retired_path} lost its build evidence (PAYLOAD or easybuild/*.eb) "
                 "before the swap; nothing was swapped"
             )
         check_live(entry)
     order = modulefile.publish_order(
-        {entry["module"]: _read(entry["prepared_module"]) for entry in journal.modules}
+        {entry.module: _read(entry.prepared_module) for entry in journal.modules}
     )
-    journal.data["modules"] = sorted(journal.modules, key=lambda entry: order.index(entry["module"]))
+    journal.run.modules = sorted(journal.modules, key=lambda entry: order.index(entry.module))
     journal.save()
 
 

@@ -19,6 +19,7 @@ import subprocess
 import tempfile
 
 from ..common import errors
+from ..common.errors import setting
 from . import backends, easybuild, fsutil, mountinfo
 
 # Filesystems that several nodes mount at once: there, whether the lock excludes other nodes
@@ -36,7 +37,7 @@ def exchange_works(path):
         scratch = tempfile.mkdtemp(prefix=".eb-staged-rebuild-probe-", dir=path)
     except OSError as err:
         raise errors.UsageError(
-            f"probe --path {path}: cannot make a scratch directory there ({err.strerror}); "
+            f"probe {setting('path')} {path}: cannot make a scratch directory there ({err.strerror}); "
             "run the probe as the build account"
         ) from None
     try:
@@ -128,7 +129,7 @@ def recommendations(report):
 
 def probe(path, eb):
     if not os.path.isdir(path):
-        raise errors.UsageError(f"probe --path {path}: not a directory")
+        raise errors.UsageError(f"probe {setting('path')} {path}: not a directory")
     exchange, exchange_errno = exchange_works(path)
     version = easybuild_version(eb)
     report = {

@@ -2,154 +2,107 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """``rebuild``: build a complete replacement beside the live install, then swap it in.
 
-Order: check the request (before the lock: nothing on disk changes for a refused request);
-take the state-root lock; create the journal; take the live-change record; build into the
-run's generation directory; plan; publish. The lock is held from the journal's creation to
-the end, so build, plan and publish are one transaction for every other run on this state
-root.
+Order: the request was resolved and checked (``request.resolve``: nothing on disk changes
+for a refused request); take the state-root lock; create the journal; take the live-change
+record; build into the run's generation directory; plan; publish. The lock is held from the
+journal's creation to the end, so build, plan and publish are one transaction for every
+other run on this state root.
 """
 
 from __future__ import annotations
 
-import binascii
-import datetime
 import os
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from ..common import errors
-from . import (
-    backends,
-    buildrun,
-    easybuild,
-    ledger,
-    locking,
-    operations,
-    paths,
-    planner,
-    probe,
-    publish,
-    relocate,
-)
+from ..common.errors import setting
+from . import backends, buildrun, easybuild, locking, operations, paths, planner, probe, publish, relocate
 from . import journal as journals
+from .faults import Faults
+from .journal import Journal, ModuleEntry, RunKind, RunState, StepKind
+from .request import RebuildRequest
 
 _SHOWN_BINARIES = 10
+Progress = Callable[[str], None]
 
 
-def new_run_id():
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return f"{stamp}-{binascii.hexlify(os.urandom(3)).decode()}"
+def _build(backend: str, request: RebuildRequest, run_id: str) -> backends.Build:
+    names = [(entry.name, entry.version) for entry in request.module_paths(run_id)]
+    return backends.Build(backend, request.trees, request.trees.generation(run_id), names)
 
 
-def check_request(request, probed=None):
-    """Refuse a bad request before anything is written; return the trees and module paths."""
-    trees = paths.Trees(request["software"], request["modules"])
-    if request.get("backend", "auto") not in backends.BACKENDS:
-        raise errors.UsageError(
-            f"--backend {request['backend']} is not one of {', '.join(backends.BACKENDS)}"
-        )
-    if not request.get("modules_requested"):
-        raise errors.UsageError("rebuild needs at least one --module NAME/VERSION")
-    run_id = paths.check_run_id(request.get("run_id") or new_run_id())
-    seen, module_paths = set(), []
-    for value in request["modules_requested"]:
-        name, version = paths.parse_module(value)
-        if (name, version) in seen:
-            raise errors.UsageError(f"--module {value} is given twice")
-        seen.add((name, version))
-        entry = paths.ModulePaths(trees, name, version, run_id)
-        paths.require_live_dir(entry)
-        paths.require_module_file_path(entry)
-        if os.path.lexists(entry.retired_path):
-            raise errors.UsageError(f"{entry.retired_path} exists already; pick another --run-id")
-        module_paths.append(entry)
-    if request.get("ledger_config"):
-        ledger.load_config(request["ledger_config"])
-    if not os.path.isfile(request["eb"]) or not os.access(request["eb"], os.X_OK):
-        raise errors.UsageError(
-            "EasyBuild command {} is not an executable file (--eb, EB_STAGED_REBUILD_EB)".format(
-                request["eb"]
-            )
-        )
-    # Last: the probes run programs, and a request refused for a plain reason should not wait.
-    backend = backends.select(request.get("backend", "auto"), probed)
-    return trees, run_id, module_paths, backend
-
-
-def _build(backend, trees, run_id, modules):
-    names = [(module["name"], module["version"]) for module in modules]
-    return backends.Build(backend, trees, trees.generation(run_id), names)
-
-
-def describe(request, trees, run_id, backend, module_paths):
-    modules = [{"name": entry.name, "version": entry.version} for entry in module_paths]
-    build = _build(backend, trees, run_id, modules)
-    _kept, removed = easybuild.filter_args(request["eb_args"])
+def describe(request: RebuildRequest, backend: str) -> Dict[str, Any]:
+    """What a run of ``request`` would build with, and what it removes from EasyBuild's input."""
+    build = _build(backend, request, request.run_id or "")
+    _kept, removed = easybuild.filter_args(request.eb_args)
     return {
-        "run_id": run_id,
+        "run_id": request.run_id,
         "backend": backend,
         "sandboxed": backend in backends.SANDBOXED,
         "generation": build.generation,
-        "command": build.command(request["eb"], request["eb_args"]),
+        "command": build.command(request.eb, request.eb_args),
         "removed_options": removed,
         "removed_environment": sorted(set(os.environ) - set(easybuild.filter_env(os.environ))),
     }
 
 
-def dry_run(request):
+def dry_run(request: RebuildRequest) -> Dict[str, Any]:
     """What a rebuild would do; writes nothing, takes no lock, runs nothing."""
     # Every probe once: the report shows them all, and the backend is chosen from them.
     probes = probe.sandbox_probes()
-    trees, run_id, module_paths, backend = check_request(request, probes)
-    result = describe(request, trees, run_id, backend, module_paths)
+    result = describe(request, backends.select(request.backend, probes))
     result.update(
-        {
-            "dry_run": True,
-            "changed": False,
-            "modules": [entry.module for entry in module_paths],
-            "probes": probes,
-        }
+        {"dry_run": True, "changed": False, "modules": list(request.modules_requested), "probes": probes}
     )
     return result
 
 
-def rebuild(request, state_root, faults, progress, env):
-    trees, run_id, module_paths, backend = check_request(request)
+def refuse_while_interrupted(state_root: str) -> None:
+    """A run that a crash interrupted is finished first: its trees may be half swapped."""
+    interrupted = [journal.run_id for journal in journals.interrupted(state_root)]
+    if interrupted:
+        raise errors.UsageError(
+            f"run {', '.join(interrupted)} was interrupted; 'eb-staged-rebuild resume' finishes it first"
+        )
+
+
+def rebuild(
+    request: RebuildRequest,
+    state_root: str,
+    progress: Progress,
+    env: Mapping[str, str],
+    faults: Optional[Faults] = None,
+) -> Dict[str, Any]:
+    """Build, plan and publish ``request`` under the state-root lock; ``faults`` is for tests."""
+    # Last of the checks: the probes run programs, and a request refused for a plain reason
+    # (in request.resolve) did not wait for them.
+    backend = backends.select(request.backend)
+    run_id = request.run_id or ""
     state_root = paths.prepare_state_root(state_root)
-    with locking.StateLock(state_root, request.get("lock_timeout", 0)):
-        interrupted = [
-            run.run_id for run in journals.run_journals(state_root) if run.state in journals.INTERRUPTED
-        ]
-        if interrupted:
-            raise errors.UsageError(
-                f"run {', '.join(interrupted)} was interrupted; 'eb-staged-rebuild resume' finishes it first"
-            )
-        journal = journals.Journal.create(
+    # Read first: a journal that does not load refuses before the lock file is written. Whether
+    # a run is interrupted is asked only under the lock: another run may be in progress.
+    journals.check_all(state_root)
+    with locking.StateLock(state_root, request.lock_timeout):
+        refuse_while_interrupted(state_root)
+        journal = Journal.create(
             os.path.join(state_root, "runs"),
             run_id,
-            kind="publish",
-            state="building",
-            schema=journals.SCHEMA_SWAP_LEDGER if request.get("ledger_config") else journals.SCHEMA_SWAP,
-            trees=trees.as_dict(),
+            kind=RunKind.PUBLISH,
+            state=RunState.BUILDING,
+            trees=request.trees,
             request=request,
             backend=backend,
         )
-        for entry in module_paths:
-            journal.modules.append(
-                {
-                    "module": entry.module,
-                    "name": entry.name,
-                    "version": entry.version,
-                    "stable_path": entry.stable_path,
-                    "retired_path": entry.retired_path,
-                    "module_file": entry.module_file(),
-                }
-            )
+        if faults is not None:
+            journal.faults = faults
+        journal.run.modules = [ModuleEntry.of(entry) for entry in request.module_paths(run_id)]
         for entry in journal.modules:
-            planner.record_live(journal, entry, request.get("skip_live_check"))
+            planner.record_live(journal, entry, request.skip_live_check)
         journal.save()
-        return build_and_publish(journal, trees, faults, progress, env)
+        return build_and_publish(journal, progress, env)
 
 
-def _relocate(build, journal, allow_unrelocated):
+def _relocate(build: backends.Build, journal: Journal, allow_unrelocated: bool) -> List[str]:
     """Rewrite the generation paths in the staged trees; refuse binaries that still name them."""
     roots = []
     for name, version in build.modules:
@@ -157,7 +110,7 @@ def _relocate(build, journal, allow_unrelocated):
         roots.append(os.path.join(build.stage_modules, "all", name))
     rewrites = relocate.mapping(build.generation, build.trees.software, build.trees.modules)
     rewritten, binaries = relocate.relocate(roots, rewrites)
-    journal.data["relocated_files"] = len(rewritten)
+    journal.run.relocated_files = len(rewritten)
     if not binaries:
         return []
     # Named by where they will be live: the generation is gone when the message is read.
@@ -166,50 +119,49 @@ def _relocate(build, journal, allow_unrelocated):
     if not allow_unrelocated:
         raise errors.PublishError(
             f"binaries still name the build path {build.generation}: {shown}{more}; nothing was swapped "
-            "(--allow-unrelocated publishes them as they are)"
+            f"({setting('allow_unrelocated')} publishes them as they are)"
         )
     return [f"published with binaries that name the removed build path {build.generation}: {shown}{more}"]
 
 
-def build_and_publish(journal, trees, faults, progress, env):
+def build_and_publish(journal: Journal, progress: Progress, env: Mapping[str, str]) -> Dict[str, Any]:
     """The build, the plan and the publish of an existing journal (also resume of ``building``)."""
-    request = journal.data["request"]
-    ledger_config = ledger.load_config(request["ledger_config"]) if request.get("ledger_config") else None
-    build = _build(journal.data.get("backend", "installpath"), trees, journal.run_id, journal.modules)
+    request = _request_of(journal)
+    trees = request.trees
+    build = _build(journal.run.backend or "installpath", request, journal.run_id)
     generation = build.generation
     if os.path.lexists(generation):
         operations.remove_tree(generation)  # a previous attempt's partial build
     os.makedirs(generation, mode=0o755)
     if build.backend == "installpath":
         progress(backends.UNSANDBOXED)
-    step = journal.start("build")
+    warnings: List[str] = []
     try:
-        setup = build.prepare()
-        buildrun.run(
-            build.command(request["eb"], request["eb_args"]),
-            build.environment(env, request["eb"]),
-            journal.run_dir,
-            progress,
-            setup,
-        )
-        build.check()
-        journal.finish(step)
-        step = journal.start("relocate")
-        warnings = _relocate(build, journal, request.get("allow_unrelocated"))
-        journal.finish(step)
+        with journal.step(StepKind.BUILD):
+            setup = build.prepare()
+            buildrun.run(
+                build.command(request.eb, request.eb_args),
+                build.environment(dict(env), request.eb),
+                journal.run_dir,
+                progress,
+                setup,
+            )
+            build.check()
+        with journal.step(StepKind.RELOCATE):
+            warnings = _relocate(build, journal, request.allow_unrelocated)
         plan_env = dict(
             env, EB_STAGED_REBUILD_RUN_ID=journal.run_id, EB_STAGED_REBUILD_RUN_DIR=journal.run_dir
         )
-        planner.plan(journal, trees, generation, faults, prepare=request.get("prepare"), env=plan_env)
+        planner.plan(journal, trees, generation, prepare=request.prepare, env=plan_env)
     except BaseException:
         operations.discard_stage(journal, generation)
-        journal.data["refused"] = True
-        journal.set_state("failed")
+        journal.run.refused = True
+        journal.set_state(RunState.FAILED)
         raise
     try:
-        publish.publish(journal, trees, faults, ledger_config)
+        publish.publish(journal, trees, request.ledger_settings())
     except BaseException:
-        if journal.state == "failed":  # fully reversed: the new tree was never live
+        if journal.state is RunState.FAILED:  # fully reversed: the new tree was never live
             operations.discard_stage(journal, generation)
         raise
     operations.remove_generation(generation)
@@ -219,14 +171,17 @@ def build_and_publish(journal, trees, faults, progress, env):
         "sandboxed": build.backend in backends.SANDBOXED,
         "warnings": warnings,
         "changed": True,
-        "state": journal.state,
+        "state": journal.state.value,
         "modules": [
-            {
-                "module": entry["module"],
-                "stable_path": entry["stable_path"],
-                "retired_path": entry["retired_path"],
-            }
+            {"module": entry.module, "stable_path": entry.stable_path, "retired_path": entry.retired_path}
             for entry in journal.modules
         ],
         "journal": journal.path,
     }
+
+
+def _request_of(journal: Journal) -> RebuildRequest:
+    request: Optional[RebuildRequest] = journal.run.request
+    if request is None:  # Run.check refuses a publish journal without one
+        raise errors.JournalError(f"journal {journal.path}: request is missing")
+    return request

@@ -19,8 +19,10 @@ import os
 import stat
 
 from ..common import errors
+from ..common.errors import setting
 from . import fsutil, modulefile
 from . import journal as journals
+from .journal import RunKind, RunState
 
 
 def _timestamp():
@@ -63,7 +65,7 @@ def check(module_file, reason, state_root):
     if root is None:
         raise errors.UsageError(f"module file {module_file} has no root assignment; refusing to retire it")
     if not reason or not reason.strip():
-        raise errors.UsageError("retire needs --reason TEXT")
+        raise errors.UsageError(f"retire needs {setting('reason')} TEXT")
     if (
         _device_of_nearest(os.path.join(state_root, "retired"))
         != os.stat(os.path.dirname(module_file)).st_dev
@@ -85,8 +87,8 @@ def retire(state_root, module_file, reason):
     journal = journals.Journal.create(
         os.path.join(state_root, "runs"),
         run_id,
-        kind="retire",
-        state="retiring",
+        kind=RunKind.RETIRE,
+        state=RunState.RETIRING,
         module_file=module_file,
         retired_to=destination,
         module_sha256=modulefile.module_hash(data),
@@ -95,7 +97,7 @@ def retire(state_root, module_file, reason):
         retired_at=journals.now(),
     )
     _move(module_file, destination)
-    journal.set_state("retired")
+    journal.set_state(RunState.RETIRED)
     return {
         "run_id": run_id,
         "changed": True,
@@ -107,14 +109,14 @@ def retire(state_root, module_file, reason):
 
 def _nothing_moved(journal):
     # A crash before the rename: the journal says retiring, and the file never left.
-    source, original = journal.data["retired_to"], journal.data["module_file"]
-    return journal.state == "retiring" and os.path.lexists(original) and not os.path.lexists(source)
+    source, original = journal.run.retired_to, journal.run.module_file
+    return journal.state is RunState.RETIRING and os.path.lexists(original) and not os.path.lexists(source)
 
 
 def check_rollback(journal):
     """Refuse a rollback of a retire that cannot be done; False when it is rolled back already."""
-    source, original = journal.data["retired_to"], journal.data["module_file"]
-    if journal.state == "rolled_back":
+    source, original = journal.run.retired_to, journal.run.module_file
+    if journal.state is RunState.ROLLED_BACK:
         return False
     if _nothing_moved(journal):
         return True
@@ -127,12 +129,12 @@ def check_rollback(journal):
 
 def rollback_retire(journal):
     """Move a retired module file back; resolve a retire that a crash interrupted."""
-    source, original = journal.data["retired_to"], journal.data["module_file"]
+    source, original = journal.run.retired_to, journal.run.module_file
     if not check_rollback(journal):
-        return {"run_id": journal.run_id, "changed": False, "state": journal.state}
+        return {"run_id": journal.run_id, "changed": False, "state": journal.state.value}
     if _nothing_moved(journal):
-        journal.set_state("rolled_back")
-        return {"run_id": journal.run_id, "changed": True, "state": journal.state}
+        journal.set_state(RunState.ROLLED_BACK)
+        return {"run_id": journal.run_id, "changed": True, "state": journal.state.value}
     _move(source, original)
-    journal.set_state("rolled_back")
-    return {"run_id": journal.run_id, "changed": True, "state": journal.state, "module_file": original}
+    journal.set_state(RunState.ROLLED_BACK)
+    return {"run_id": journal.run_id, "changed": True, "state": journal.state.value, "module_file": original}

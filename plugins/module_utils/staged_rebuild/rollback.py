@@ -11,57 +11,60 @@ nothing.
 from __future__ import annotations
 
 import os
+from typing import Any, Dict
 
 from ..common import errors
 from . import operations
-from .publish import Transaction, exchange_journaled
+from .journal import Journal, ModuleEntry, RunKind, RunState, StepKind, step_name
+from .paths import Trees
+from .transaction import Transaction, exchange_journaled
 
 
-def _require_still_live(journal, entry):
+def _require_still_live(journal: Journal, entry: ModuleEntry) -> None:
     """Only the tree this run published may be exchanged back: a later run over the same
     module would otherwise have the original put live under its feet, and this run's sibling
     would end up holding the later run's tree."""
-    retired = entry["retired_path"]
+    retired = entry.retired_path
     if os.path.islink(retired) or not os.path.isdir(retired):
         raise errors.UsageError(
             f"run {journal.run_id}: the retired tree {retired} is gone (collected by gc?)"
         )
-    if os.lstat(entry["stable_path"]).st_ino != entry.get("stage_ino"):
+    if os.lstat(entry.stable_path).st_ino != entry.stage_ino:
         raise errors.UsageError(
-            f"run {journal.run_id} is no longer live at {entry['stable_path']}: a later run replaced it; "
+            f"run {journal.run_id} is no longer live at {entry.stable_path}: a later run replaced it; "
             "roll that run back first"
         )
 
 
-def check(journal):
+def check(journal: Journal) -> bool:
     """Refuse a rollback that cannot be done; False when the run is rolled back already."""
-    if journal.data["kind"] != "publish":
+    if journal.run.kind is not RunKind.PUBLISH:
         raise errors.UsageError(
-            f"run {journal.run_id} is a {journal.data['kind']} record; use its own rollback"
+            f"run {journal.run_id} is a {journal.run.kind.value} record; use its own rollback"
         )
-    if journal.state == "rolled_back":
+    if journal.state is RunState.ROLLED_BACK:
         return False
-    if journal.state != "published":
+    if journal.state is not RunState.PUBLISHED:
         raise errors.UsageError(
-            f"run {journal.run_id} is {journal.state}, not published; only a published run can be rolled back"
-            " ('eb-staged-rebuild resume' finishes an interrupted one)"
+            f"run {journal.run_id} is {journal.state.value}, not published; only a published run can be "
+            "rolled back ('eb-staged-rebuild resume' finishes an interrupted one)"
         )
     for entry in journal.modules:
         _require_still_live(journal, entry)
     return True
 
 
-def rollback(journal, trees, faults):
+def rollback(journal: Journal, trees: Trees) -> Dict[str, Any]:
     if not check(journal):
-        return {"run_id": journal.run_id, "changed": False, "state": journal.state}
-    transaction = Transaction(journal, faults)
+        return {"run_id": journal.run_id, "changed": False, "state": journal.state.value}
+    transaction = Transaction(journal)
     entries = list(reversed(journal.modules))
     try:
-        journal.set_state("rolling_back")
+        journal.set_state(RunState.ROLLING_BACK)
         for entry in entries:
-            for module_class, previous in sorted(entry.get("class_link_previous", {}).items()):
+            for module_class, previous in sorted(entry.class_link_previous.items()):
                 transaction.run(
-                    f"rollback class-link {module_class} {entry['module']}",
+                    step_name(StepKind.ROLLBACK_CLASS_LINK, entry, module_class),
                     lambda entry=entry, module_class=module_class, previous=previous: (
                         operations.restore_class_link(trees, entry, module_class, previous)
                     ),
@@ -70,18 +73,20 @@ def rollback(journal, trees, faults):
                     ),
                 )
             transaction.run(
-                "rollback module " + entry["module"],
+                step_name(StepKind.ROLLBACK_MODULE, entry),
                 lambda entry=entry: operations.restore_module(entry),
                 lambda _none, entry=entry: operations.write_module(entry),
             )
         for entry in entries:
             transaction.run(
-                "rollback swap " + entry["module"],
-                lambda entry=entry: exchange_journaled(journal, faults, entry),
+                step_name(StepKind.ROLLBACK_SWAP, entry),
+                lambda entry=entry: exchange_journaled(journal, entry),
                 lambda _method, entry=entry: operations.exchange(entry),
             )
-        faults.before("state rolled_back")
-        journal.set_state("rolled_back")
+        journal.faults.before("state rolled_back")
+        journal.set_state(RunState.ROLLED_BACK)
     except BaseException as err:
-        transaction.abort(err, "rollback", "published", "rolling_back", "the published tree stays live")
-    return {"run_id": journal.run_id, "changed": True, "state": journal.state}
+        transaction.abort(
+            err, "rollback", RunState.PUBLISHED, RunState.ROLLING_BACK, "the published tree stays live"
+        )
+    return {"run_id": journal.run_id, "changed": True, "state": journal.state.value}

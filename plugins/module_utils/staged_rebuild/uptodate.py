@@ -31,13 +31,13 @@ def requested_easyconfigs(eb_args) -> list:
 
 def compare(request) -> list:
     """For each requested module: ``{module, up_to_date, why}``."""
-    easyconfigs = requested_easyconfigs(request["eb_args"])
+    easyconfigs = requested_easyconfigs(request.eb_args)
     contents, problem = _read_all(easyconfigs)
-    version = probe.easybuild_version(request["eb"])
+    version = probe.easybuild_version(request.eb)
     results = []
-    for value in request["modules_requested"]:
+    for value in request.modules_requested:
         name, module_version = paths.parse_module(value)
-        install = os.path.join(request["software"], name, module_version)
+        install = os.path.join(request.software, name, module_version)
         why = problem or _why_stale(install, f"{name}-{module_version}.eb", contents, version)
         results.append(
             {"module": value, "up_to_date": why is None, "why": why or "same easyconfig and EasyBuild"}

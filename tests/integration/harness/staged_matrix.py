@@ -35,6 +35,7 @@ from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import
     swap,
 )
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import journal as journals
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import request as request_module
 from tests.integration.harness.staged import FAKE_EB, StagedSite, snapshot
 
 ONE = ("TinyApp/1.0",)
@@ -154,21 +155,17 @@ def without_inodes_of(full_snapshot: dict, files) -> dict:
     }
 
 
-def request(site: StagedSite, modules, ledger=False) -> dict:
-    """The request ``cli._request`` builds for ``rebuild --installpath ... --module ...``."""
-    return {
-        "software": str(site.software),
-        "modules": str(site.modules),
-        "modules_requested": list(modules),
+def request(site: StagedSite, modules, ledger=False) -> request_module.RebuildRequest:
+    """The request ``eb-staged-rebuild rebuild --installpath ... --module ...`` resolves to."""
+    options = {
+        "installpath": str(site.installpath),
+        "modules": list(modules),
         "backend": "installpath",  # the test builder knows no sandbox
         "eb": str(FAKE_EB),
-        "eb_args": [module.replace("/", "-") + ".eb" for module in modules],
-        "run_id": None,
-        "skip_live_check": False,
-        "prepare": None,
         "ledger_config": str(ledger_config(site)) if ledger else None,
-        "lock_timeout": 0,
     }
+    eb_args = [module.replace("/", "-") + ".eb" for module in modules]
+    return request_module.resolve(options, {}, eb_args)
 
 
 def build_env(modules) -> dict:
@@ -180,9 +177,9 @@ def rebuild_in_process(site: StagedSite, modules, fault_plan, ledger=False) -> d
     return rebuild.rebuild(
         request(site, modules, ledger),
         str(site.state_root),
-        fault_plan,
         lambda _line: None,
         build_env(modules),
+        faults=fault_plan,
     )
 
 
@@ -197,7 +194,9 @@ def trees(site: StagedSite) -> paths.Trees:
 
 
 def rollback_in_process(site: StagedSite, fault_plan) -> dict:
-    return rollback.rollback(the_journal(site), trees(site), fault_plan)
+    journal = the_journal(site)
+    journal.faults = fault_plan
+    return rollback.rollback(journal, trees(site))
 
 
 @contextlib.contextmanager
@@ -237,14 +236,21 @@ def journaled_steps(modules, ledger=False) -> tuple:
         return published, the_journal(site).step_names()[len(published) :]
 
 
-def with_fallback(names) -> list:
-    """Operations or steps of a publish where RENAME_EXCHANGE fails: each swap does three renames."""
+def with_fallback(names, journal_points=False) -> list:
+    """Steps of a publish where RENAME_EXCHANGE fails: each swap does three renames.
+
+    With ``journal_points``, ``names`` are fault operations, where each rename, as every
+    journaled step, is also followed by the point before its journal write.
+    """
     expanded = []
     for name in names:
         expanded.append(name)
         if name.startswith("swap "):
             module = name[len("swap ") :]
-            expanded.extend(f"{rename} {module}" for rename in swap.FALLBACK_STEPS)
+            for rename in swap.FALLBACK_STEPS:
+                expanded.append(f"{rename} {module}")
+                if journal_points:
+                    expanded.append(f"journal {rename} {module}")
     return expanded
 
 

@@ -1,0 +1,173 @@
+# Copyright: hpcstack.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""One rebuild request: resolved once from the options and the host's variables, checked once.
+
+The command line, the ``staged_rebuild`` module, the dry run and the journal all hold this
+one record. ``resolve`` takes the options (keyed by their module names, ``None`` where not
+given) and the environment: the install paths as EasyBuild reads them
+(``EASYBUILD_INSTALLPATH_SOFTWARE``/``_MODULES`` beat ``EASYBUILD_INSTALLPATH``, an option
+beats every variable), ``EB_STAGED_REBUILD_BACKEND`` and ``EB_STAGED_REBUILD_EB``. It then
+refuses anything wrong before a file is written: a module that is not NAME/VERSION or not
+installed, a run id that is not a plain name or was used, a ledger configuration that does
+not parse, an EasyBuild that is not an executable file.
+
+The fields declared with ``settings.option`` are the request's options: the command line's
+flags and the module's argument spec are made from them, so an option added here reaches
+both. The journal stores the record as it is (``records.dump``); a run resumed after a
+crash works from the stored copy.
+"""
+
+from __future__ import annotations
+
+import binascii
+import dataclasses
+import datetime
+import os
+from typing import Any, List, Mapping, Optional
+
+from ..common import errors
+from ..common.errors import setting
+from . import ledger, paths, settings
+from .backends import BACKENDS
+from .ledger import LedgerConfig
+from .records import AbsPath
+from .settings import option
+
+
+def new_run_id() -> str:
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{binascii.hexlify(os.urandom(3)).decode()}"
+
+
+@dataclasses.dataclass(frozen=True)
+class RebuildRequest:
+    """What to rebuild, where, and how; every path absolute."""
+
+    software: AbsPath
+    modules: AbsPath
+    modules_requested: List[str]
+    eb: str
+    eb_args: List[str]
+    run_id: Optional[str] = option(
+        help="the name of the run (a plain name); by default the time and a random suffix"
+    )
+    backend: str = option(
+        "auto",
+        help="bwrap, userns, installpath (unsandboxed), or auto: the first of them that works here "
+        f"(default: ${settings.BACKEND_VARIABLE}, else auto)",
+        variable=settings.BACKEND_VARIABLE,
+        choices=BACKENDS,
+    )
+    skip_live_check: bool = option(
+        False, help="skip the check that the live installs did not change during the build"
+    )
+    allow_unrelocated: bool = option(
+        False, help="publish even when binaries still name the build path (installpath backend)"
+    )
+    prepare: Optional[str] = option(
+        help="a shell command run after the build, before the swap; its failure refuses the swap",
+        metavar="CMD",
+        module=False,
+    )
+    ledger_config: Optional[AbsPath] = option(  # noqa: RUF009 - option() is dataclasses.field()
+        help='a JSON file {"path": "<ledger.jsonl>", "site": "<label>"}: one ledger line per module',
+        metavar="FILE",
+    )
+    lock_timeout: float = 0.0
+    # The ledger configuration as read when the request was made (None: no ledger).
+    ledger: Optional[LedgerConfig] = None
+
+    @property
+    def trees(self) -> paths.Trees:
+        return paths.Trees(self.software, self.modules)
+
+    def module_paths(self, run_id: str) -> List[paths.ModulePaths]:
+        return [
+            paths.ModulePaths(self.trees, *paths.parse_module(value), run_id)
+            for value in self.modules_requested
+        ]
+
+    def ledger_settings(self) -> Optional[LedgerConfig]:
+        """The ledger this run appends to; read again from its file for a journal that has
+        only the file's name (written by a release before the configuration was stored)."""
+        if self.ledger is None and self.ledger_config:
+            return ledger.load_config(self.ledger_config)
+        return self.ledger
+
+
+def live_trees(values: Mapping[str, Any], environ: Mapping[str, str]) -> paths.Trees:
+    """The live software and module roots: the options first, then EasyBuild's variables."""
+    software, modules = values.get("installpath_software"), values.get("installpath_modules")
+    if software or modules:
+        if not (software and modules):
+            raise errors.UsageError(
+                f"{setting('installpath_software')} and {setting('installpath_modules')} go together"
+            )
+        return paths.Trees(software, modules)
+    if values.get("installpath"):
+        return paths.Trees.from_installpath(values["installpath"])
+    from_environment = environ.get("EASYBUILD_INSTALLPATH")
+    found = []
+    for tree in ("software", "modules"):
+        path = environ.get("EASYBUILD_INSTALLPATH_" + tree.upper())
+        if not path and from_environment:
+            path = os.path.join(from_environment, tree)
+        if not path:
+            raise errors.UsageError(
+                f"no install path for {tree}: give {setting('installpath')} DIR "
+                "(or set EASYBUILD_INSTALLPATH)"
+            )
+        found.append(path)
+    return paths.Trees(*found)
+
+
+def resolve(values: Mapping[str, Any], environ: Mapping[str, str], eb_args: List[str]) -> RebuildRequest:
+    """The request of ``values`` (options by name) and ``environ``, checked against the disk."""
+    trees = live_trees(values, environ)
+    given = {
+        name: settings.from_option_or_environment(name, values, environ, setting)
+        for name, (setting, _hint) in settings.options(RebuildRequest).items()
+    }
+    if given["backend"] not in BACKENDS:
+        given_as = (
+            f"{setting('backend')} {given['backend']}"
+            if values.get("backend")
+            else f"{settings.BACKEND_VARIABLE}={given['backend']!r}"
+        )
+        raise errors.UsageError(f"{given_as} is not one of {', '.join(BACKENDS)}")
+    given["run_id"] = run_id = paths.check_run_id(given["run_id"] or new_run_id())
+    if given["ledger_config"]:
+        given["ledger_config"] = os.path.abspath(given["ledger_config"])
+    request = RebuildRequest(
+        software=AbsPath(trees.software),
+        modules=AbsPath(trees.modules),
+        modules_requested=list(values.get("modules") or []),
+        eb=settings.eb(values, environ),
+        eb_args=list(eb_args),
+        lock_timeout=settings.lock_timeout(values),
+        ledger=ledger.load_config(given["ledger_config"]) if given["ledger_config"] else None,
+        **given,
+    )
+    _check_modules(request, run_id)
+    if not os.path.isfile(request.eb) or not os.access(request.eb, os.X_OK):
+        raise errors.UsageError(
+            f"EasyBuild command {request.eb} is not an executable file "
+            f"({setting('eb')}, {settings.EB_VARIABLE})"
+        )
+    return request
+
+
+def _check_modules(request: RebuildRequest, run_id: str) -> None:
+    if not request.modules_requested:
+        raise errors.UsageError(f"rebuild needs at least one {setting('modules')} NAME/VERSION")
+    seen = set()
+    for value in request.modules_requested:
+        name, version = paths.parse_module(value)
+        if (name, version) in seen:
+            raise errors.UsageError(f"{setting('modules')} {value} is given twice")
+        seen.add((name, version))
+        entry = paths.ModulePaths(request.trees, name, version, run_id)
+        paths.require_live_dir(entry)
+        paths.require_module_file_path(entry)
+        if os.path.lexists(entry.retired_path):
+            raise errors.UsageError(f"{entry.retired_path} exists already; pick another {setting('run_id')}")
