@@ -128,7 +128,7 @@ def _recorded_inodes(data) -> list:
     found = []
     for index, entry in enumerate(data["modules"]):
         for field in ("stage_ino", "live_ino"):
-            if field in entry:
+            if entry.get(field) is not None:
                 (path,) = [
                     path
                     for path in (entry["stable_path"], entry["retired_path"])
@@ -169,7 +169,7 @@ def _make_template(root: Path, package_root: Path) -> Template:
         RETIRE: (2, "retire", "retired"),
     }
     assert journals[FAILED]["refused"] is True
-    assert "resumed" in journals[RESUMED]
+    assert journals[RESUMED]["resumed"] is not None
     return Template(
         root=root,
         copy=root.parent / "template",
@@ -398,6 +398,7 @@ WRONG_TYPES = [
     wrong_type(PUBLISH, ("request", "eb"), [str(FAKE_EB)]),
     wrong_type(PUBLISH, ("request", "eb_args"), "TinyApp-1.0.eb"),
     wrong_type(LEDGER, ("request", "ledger_config"), 4),
+    wrong_type(LEDGER, ("request", "ledger"), "/site/ledger.jsonl"),  # the configuration as read
     wrong_type(PUBLISH, ("request", "lock_timeout"), "0"),
     wrong_type(PUBLISH, ("request", "modules"), 0),
     wrong_type(PUBLISH, ("request", "modules_requested"), APP),
@@ -968,7 +969,7 @@ def _fields(journals) -> set:
     for data in journals:
         found.update((key,) for key in data)
         for key in ("trees", "request"):
-            found.update((key, inner) for inner in data.get(key, {}))
+            found.update((key, inner) for inner in data.get(key) or {})
         for entry in data["modules"]:
             found.update(("modules", "*", key) for key in entry)
         for step in data["steps"]:

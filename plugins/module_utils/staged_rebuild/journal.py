@@ -295,11 +295,24 @@ class Run:
         for name in needed:
             if getattr(self, name) is None:
                 raise records.RecordError(f"{name} is missing (a {self.kind.value} run has it)")
+        if self.state not in _STATES_OF[self.kind]:
+            raise records.RecordError(f"state {self.state.value!r} is not a state of a {self.kind.value} run")
         for index, entry in enumerate(self.modules):
             entry.check(f"modules[{index}]")
+        modules = {entry.module for entry in self.modules}
+        for index, step in enumerate(self.steps):
+            if step.step.module is not None and step.step.module not in modules:
+                raise records.RecordError(
+                    f"steps[{index}] acts on {step.step.module}, which the run does not have"
+                )
 
 
 _PUBLISH_FIELDS = ("trees", "request", "backend")
+_STATES_OF = {
+    RunKind.PUBLISH: INTERRUPTED - {RunState.RETIRING}
+    | {RunState.PUBLISHED, RunState.FAILED, RunState.ROLLED_BACK},
+    RunKind.RETIRE: {RunState.RETIRING, RunState.RETIRED, RunState.ROLLED_BACK},
+}
 _RETIRE_FIELDS = ("module_file", "retired_to", "module_sha256", "software_dir", "reason", "retired_at")
 
 

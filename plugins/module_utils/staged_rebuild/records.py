@@ -10,8 +10,8 @@ is not silently rewritten without what it knew. ``RecordError`` says where the v
 (``modules[1].stage_ino``) and what is wrong with it; the journal turns it into its
 one-line refusal.
 
-``dump`` is the inverse: every field under its own name, ``None`` omitted where ``None``
-is the default, enums as their values, nested records as objects. A type that is not one of
+``dump`` is the inverse: every field under its own name (``None`` as null), enums as their
+values, nested records as objects. A type that is not one of
 these (a step name) provides ``from_json(value, where)`` and ``to_json()``.
 """
 
@@ -190,10 +190,7 @@ def dump(record: Any) -> Dict[str, Any]:
     """The record as a JSON object; the inverse of ``load``."""
     result = {}
     for field in dataclasses.fields(record):
-        value = getattr(record, field.name)
-        if value is None and field.default is None:
-            continue
-        result[field.name] = _dump_value(value)
+        result[field.name] = _dump_value(getattr(record, field.name))
     return result
 
 
