@@ -25,6 +25,7 @@ import glob
 import json
 import os
 import re
+from typing import Optional
 
 from ..common import errors
 from ..common.deadline import Deadline, DeadlineExceeded, SigtermScope, raise_on_sigterm
@@ -292,6 +293,7 @@ def read_release(path) -> dict:
 
 def lmod_report(lmod_cmd, environ) -> dict:
     """The Lmod a reload would run: the option, else ``LMOD_CMD``, else the first usual location."""
+    command: Optional[str]
     if lmod_cmd:
         command, source = lmod_cmd, "option"
     elif environ.get("LMOD_CMD"):

@@ -112,9 +112,7 @@ def resume_runs(state_root, run_id, *, lock_timeout, progress, env, dry_run=Fals
     paths.prepare_state_root(state_root)
     with locking.StateLock(state_root, lock_timeout):
         results = [
-            resume.resume_run(
-                journal, journal.run.trees, lambda journal: rebuild.build_and_publish(journal, progress, env)
-            )
+            resume.resume_run(journal, lambda journal: rebuild.build_and_publish(journal, progress, env))
             for journal in _runs(state_root, run_id)
         ]
     return {"changed": any(result["changed"] for result in results), "runs": results}
@@ -144,7 +142,7 @@ def roll_back(state_root, run_id, lock_timeout, dry_run=False) -> dict:
         journal = journals.find(state_root, run_id)
         if journal.run.kind is RunKind.RETIRE:
             return retire.rollback_retire(journal)
-        return rollback.rollback(journal, journal.run.trees)
+        return rollback.rollback(journal, journal.trees)
 
 
 def retire_module(

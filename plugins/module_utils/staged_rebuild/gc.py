@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from typing import Any, Dict, Set
 
 from ..common import errors
 from . import fsutil, modulefile, operations, settings
@@ -43,7 +44,7 @@ def _is_recorded_sibling(entry, run_id, software):
 def _tracked_roots(runs):
     """Install dirs that tracked module files resolve to: live modules of publish runs and
     the original path of any retire that was rolled back or interrupted."""
-    files = set()
+    files: Set[str] = set()
     for journal in runs:
         if journal.run.kind is RunKind.PUBLISH:
             files.update(entry.module_file for entry in journal.modules)
@@ -64,7 +65,7 @@ def _tracked_roots(runs):
 def _collect_siblings(journal, now, grace, dry_run, report):
     """Remove (or, in a dry run, list) the hidden siblings one publish run recorded."""
     old_enough = _elapsed(journal, now, grace)
-    software = journal.run.trees.software
+    software = journal.trees.software
     for entry in journal.modules:
         sibling = entry.retired_path
         if not os.path.lexists(sibling):
@@ -82,7 +83,7 @@ def _collect_siblings(journal, now, grace, dry_run, report):
         if not dry_run:
             operations.remove_tree(sibling)
         report["removed"].append({"path": sibling, "run_id": journal.run_id})
-    generation = journal.run.trees.generation(journal.run_id)
+    generation = journal.trees.generation(journal.run_id)
     if old_enough and not dry_run and os.path.isdir(generation) and not os.path.islink(generation):
         operations.remove_tree(generation)
 
@@ -103,7 +104,7 @@ def gc(state_root, grace_hours=settings.DEFAULT_GRACE_HOURS, dry_run=False, now=
     now = now or datetime.datetime.now(datetime.timezone.utc)
     grace = datetime.timedelta(hours=grace_hours)
     runs = journals.run_journals(state_root)
-    report = {"removed": [], "kept": [], "manual": [], "interrupted": []}
+    report: Dict[str, Any] = {"removed": [], "kept": [], "manual": [], "interrupted": []}
     for journal in runs:
         if journal.state in journals.INTERRUPTED:
             command = "rollback " + journal.run_id if journal.run.kind is RunKind.RETIRE else "resume"

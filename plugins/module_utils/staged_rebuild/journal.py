@@ -400,6 +400,20 @@ class Journal:
     def modules(self) -> List[ModuleEntry]:
         return self.run.modules
 
+    @property
+    def trees(self) -> paths.Trees:
+        """The live trees of a publish run (``Run.check`` refused a publish run without them)."""
+        if self.run.trees is None:
+            raise errors.JournalError(f"journal {self.path}: a {self.run.kind.value} run has no trees")
+        return self.run.trees
+
+    @property
+    def request(self) -> RebuildRequest:
+        """The request of a publish run (``Run.check`` refused a publish run without one)."""
+        if self.run.request is None:
+            raise errors.JournalError(f"journal {self.path}: a {self.run.kind.value} run has no request")
+        return self.run.request
+
     @classmethod
     def create(cls, runs_dir: str, run_id: str, kind: RunKind, state: RunState, **fields: Any) -> Journal:
         """Create ``runs_dir/run_id/`` and its first journal; refuse an existing run id."""
@@ -566,7 +580,7 @@ def summary(journal: Journal, detail: bool = False) -> Dict[str, Any]:
         for entry, dumped in zip(run.modules, result["modules"]):
             dumped["retired_path_exists"] = os.path.lexists(entry.retired_path)
         return result
-    headline = {
+    headline: Dict[str, Any] = {
         "run_id": run.run_id,
         "kind": run.kind.value,
         "schema": run.schema,

@@ -78,6 +78,11 @@ def lines_of(journal, config):
     return lines
 
 
+def append_run(config, journal):
+    """Append the lines of ``journal``'s published modules; return the length before."""
+    return append(config, lines_of(journal, config))
+
+
 def append(config, lines):
     """Append ``lines`` durably; return the ledger's length before, for the inverse."""
     path = config.path

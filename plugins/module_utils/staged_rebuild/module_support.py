@@ -90,7 +90,7 @@ def run_snapshot(state_root, run_id) -> dict:
     journal = journals.find(commands.existing_state_root(state_root), run_id)
     if journal.run.kind is journals.RunKind.RETIRE:
         return file_snapshot(journal.run.module_file)
-    trees = journal.run.trees
+    trees = journal.trees
     return live_snapshot(trees.software, trees.modules, [entry.module for entry in journal.modules])
 
 

@@ -47,7 +47,7 @@ def exchange_works(path):
         try:
             fsutil.rename_exchange(first, second)
         except OSError as err:
-            return False, errno.errorcode.get(err.errno, str(err.errno))
+            return False, errno.errorcode.get(err.errno or 0, str(err.errno))
         return True, None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -12,6 +12,7 @@ operations serve ``rollback``.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Optional
 
 from . import ledger, operations
@@ -27,14 +28,14 @@ def _apply(transaction: Transaction, trees: Trees) -> None:
     for entry in journal.modules:
         transaction.run(
             step_name(StepKind.SWAP, entry),
-            lambda entry=entry: exchange_journaled(journal, entry),
-            lambda _method, entry=entry: operations.exchange(entry),
+            partial(exchange_journaled, journal, entry),
+            partial(operations.exchange, entry),
         )
     for entry in journal.modules:
         transaction.run(
             step_name(StepKind.MODULE, entry),
-            lambda entry=entry: operations.write_module(entry),
-            lambda _none, entry=entry: operations.restore_module(entry),
+            partial(operations.write_module, entry),
+            partial(operations.restore_module, entry),
         )
         for module_class in entry.class_links:
             # What the link was is journaled (with the step) before the link changes, so that a
@@ -43,12 +44,8 @@ def _apply(transaction: Transaction, trees: Trees) -> None:
             entry.class_link_previous[module_class] = previous
             transaction.run(
                 step_name(StepKind.CLASS_LINK, entry, module_class),
-                lambda entry=entry, module_class=module_class: operations.set_class_link(
-                    trees, entry, module_class
-                ),
-                lambda _previous, entry=entry, module_class=module_class, previous=previous: (
-                    operations.restore_class_link(trees, entry, module_class, previous)
-                ),
+                partial(operations.set_class_link, trees, entry, module_class),
+                partial(operations.restore_class_link, trees, entry, module_class, previous),
             )
 
 
@@ -59,13 +56,13 @@ def publish(journal: Journal, trees: Trees, ledger_config: Optional[LedgerConfig
         journal.set_state(RunState.PUBLISHING)
         _apply(transaction, trees)
         if ledger_config:
-            config = ledger_config
             # The length before the append is journaled first: resume cuts a crashed run's lines.
+            length = ledger.length(ledger_config)
             transaction.run(
                 step_name(StepKind.LEDGER),
-                lambda: ledger.append(config, ledger.lines_of(journal, config)),
-                lambda length: ledger.truncate(config, length),
-                ledger_length=ledger.length(config),
+                partial(ledger.append_run, ledger_config, journal),
+                partial(ledger.truncate, ledger_config, length),
+                ledger_length=length,
             )
         journal.faults.before("state published")
         journal.set_state(RunState.PUBLISHED)

@@ -126,8 +126,8 @@ def _relocate(build: backends.Build, journal: Journal, allow_unrelocated: bool) 
 
 def build_and_publish(journal: Journal, progress: Progress, env: Mapping[str, str]) -> Dict[str, Any]:
     """The build, the plan and the publish of an existing journal (also resume of ``building``)."""
-    request = _request_of(journal)
-    trees = request.trees
+    request = journal.request
+    trees = journal.trees
     build = _build(journal.run.backend or "installpath", request, journal.run_id)
     generation = build.generation
     if os.path.lexists(generation):
@@ -178,10 +178,3 @@ def build_and_publish(journal: Journal, progress: Progress, env: Mapping[str, st
         ],
         "journal": journal.path,
     }
-
-
-def _request_of(journal: Journal) -> RebuildRequest:
-    request: Optional[RebuildRequest] = journal.run.request
-    if request is None:  # Run.check refuses a publish journal without one
-        raise errors.JournalError(f"journal {journal.path}: request is missing")
-    return request

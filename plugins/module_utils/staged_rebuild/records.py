@@ -24,7 +24,7 @@ import functools
 import math
 import re
 import typing
-from typing import Any, Dict, List, NewType, Type, TypeVar
+from typing import Any, Dict, List, NewType
 
 # A path that starts at / and has no "..", NUL or empty component beyond a final slash.
 AbsPath = NewType("AbsPath", str)
@@ -33,7 +33,6 @@ Timestamp = NewType("Timestamp", str)
 Sha256 = NewType("Sha256", str)
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
-Record = TypeVar("Record")
 
 
 class RecordError(ValueError):
@@ -154,7 +153,7 @@ def _load_named(hint: Any, value: Any, where: str) -> Any:
     return load(hint, value, where)
 
 
-def load(cls: Type[Record], value: Any, where: str = "") -> Record:
+def load(cls: Any, value: Any, where: str = "") -> Any:
     """``value`` (parsed JSON) as the record ``cls``; raises RecordError naming the place."""
     if not isinstance(value, dict):
         raise _wrong(where or "the document", "an object", value)

@@ -82,10 +82,11 @@ class RebuildRequest:
         return paths.Trees(self.software, self.modules)
 
     def module_paths(self, run_id: str) -> List[paths.ModulePaths]:
-        return [
-            paths.ModulePaths(self.trees, *paths.parse_module(value), run_id)
-            for value in self.modules_requested
-        ]
+        found = []
+        for value in self.modules_requested:
+            name, version = paths.parse_module(value)
+            found.append(paths.ModulePaths(self.trees, name, version, run_id))
+        return found
 
     def ledger_settings(self) -> Optional[LedgerConfig]:
         """The ledger this run appends to; read again from its file for a journal that has
@@ -103,7 +104,7 @@ def live_trees(values: Mapping[str, Any], environ: Mapping[str, str]) -> paths.T
             raise errors.UsageError(
                 f"{setting('installpath_software')} and {setting('installpath_modules')} go together"
             )
-        return paths.Trees(software, modules)
+        return paths.Trees(AbsPath(software), AbsPath(modules))
     if values.get("installpath"):
         return paths.Trees.from_installpath(values["installpath"])
     from_environment = environ.get("EASYBUILD_INSTALLPATH")
@@ -118,7 +119,7 @@ def live_trees(values: Mapping[str, Any], environ: Mapping[str, str]) -> paths.T
                 "(or set EASYBUILD_INSTALLPATH)"
             )
         found.append(path)
-    return paths.Trees(*found)
+    return paths.Trees(AbsPath(found[0]), AbsPath(found[1]))
 
 
 def resolve(values: Mapping[str, Any], environ: Mapping[str, str], eb_args: List[str]) -> RebuildRequest:

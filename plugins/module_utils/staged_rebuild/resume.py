@@ -62,8 +62,7 @@ def return_to_old(journal: Journal, trees: Trees) -> List[str]:
             with journal.step(StepKind.RESUME_MODULE, entry):
                 operations.restore_module(entry)
             actions.append(f"{entry.module}: module file restored")
-    request = journal.run.request
-    config = request.ledger_settings() if request is not None else None
+    config = journal.request.ledger_settings()
     for step in journal.steps_of(StepKind.LEDGER) if config else []:
         if step.ledger_length is not None and ledger.remove_run_records(
             config, step.ledger_length, journal.run_id
@@ -77,11 +76,14 @@ def return_to_old(journal: Journal, trees: Trees) -> List[str]:
     return actions
 
 
-def resume_run(
-    journal: Journal, trees: Trees, rebuild: Callable[[Journal], Dict[str, Any]]
-) -> Dict[str, Any]:
+def resume_run(journal: Journal, rebuild: Callable[[Journal], Dict[str, Any]]) -> Dict[str, Any]:
     """Resume one run; ``rebuild(journal)`` builds a ``building`` run again and publishes it."""
-    unchanged = {"run_id": journal.run_id, "state": journal.state.value, "changed": False, "actions": []}
+    unchanged: Dict[str, Any] = {
+        "run_id": journal.run_id,
+        "state": journal.state.value,
+        "changed": False,
+        "actions": [],
+    }
     if journal.state not in INTERRUPTED:
         return unchanged
     if journal.run.kind is RunKind.RETIRE:
@@ -92,6 +94,7 @@ def resume_run(
         result["actions"] = ["built again and published"]
         return result
     final = RunState.ROLLED_BACK if journal.state is RunState.ROLLING_BACK else RunState.FAILED
+    trees = journal.trees
     actions = return_to_old(journal, trees)
     # A stage that was never swapped in goes, as for a refused run; one that may have been
     # live for a moment stays for gc's grace period, since a job may have started from it.

@@ -11,6 +11,7 @@ nothing.
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import Any, Dict
 
 from ..common import errors
@@ -65,23 +66,19 @@ def rollback(journal: Journal, trees: Trees) -> Dict[str, Any]:
             for module_class, previous in sorted(entry.class_link_previous.items()):
                 transaction.run(
                     step_name(StepKind.ROLLBACK_CLASS_LINK, entry, module_class),
-                    lambda entry=entry, module_class=module_class, previous=previous: (
-                        operations.restore_class_link(trees, entry, module_class, previous)
-                    ),
-                    lambda _none, entry=entry, module_class=module_class: operations.set_class_link(
-                        trees, entry, module_class
-                    ),
+                    partial(operations.restore_class_link, trees, entry, module_class, previous),
+                    partial(operations.set_class_link, trees, entry, module_class),
                 )
             transaction.run(
                 step_name(StepKind.ROLLBACK_MODULE, entry),
-                lambda entry=entry: operations.restore_module(entry),
-                lambda _none, entry=entry: operations.write_module(entry),
+                partial(operations.restore_module, entry),
+                partial(operations.write_module, entry),
             )
         for entry in entries:
             transaction.run(
                 step_name(StepKind.ROLLBACK_SWAP, entry),
-                lambda entry=entry: exchange_journaled(journal, entry),
-                lambda _method, entry=entry: operations.exchange(entry),
+                partial(exchange_journaled, journal, entry),
+                partial(operations.exchange, entry),
             )
         journal.faults.before("state rolled_back")
         journal.set_state(RunState.ROLLED_BACK)

@@ -155,7 +155,7 @@ def require_read_only(path):
     except OSError as err:
         if err.errno == errno.EROFS:
             return
-        code = errno.errorcode.get(err.errno, str(err.errno))
+        code = errno.errorcode.get(err.errno or 0, str(err.errno))
         raise SandboxError(f"probe write in {path} failed with {code}, not EROFS") from None
     os.close(fd)
     os.unlink(probe)

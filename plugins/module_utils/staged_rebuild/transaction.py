@@ -29,18 +29,13 @@ class Transaction:
         self.undo: List[Tuple[StepName, Callable[[], Any]]] = []
 
     def run(
-        self,
-        name: StepName,
-        action: Callable[[], Any],
-        inverse: Callable[[Any], Any],
-        **fields: Any,
-    ) -> Any:
-        """Journal ``name`` (with ``fields``), run ``action``; remember ``inverse(result)``."""
+        self, name: StepName, action: Callable[[], Any], inverse: Callable[[], Any], **fields: Any
+    ) -> None:
+        """Journal ``name`` (with ``fields``), run ``action``; remember ``inverse`` once it worked."""
         handle = self.journal.begin(name, **fields)
-        result = action()
-        self.undo.append((name, lambda: inverse(result)))
+        action()
+        self.undo.append((name, inverse))
         handle.done()
-        return result
 
     def abort(
         self, err: BaseException, what: str, state_reversed: RunState, state_stuck: RunState, consequence: str

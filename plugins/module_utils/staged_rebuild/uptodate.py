@@ -17,11 +17,12 @@ import bz2
 import glob
 import gzip
 import os
+from typing import Any, Callable, Dict
 
 from . import paths, probe
 
 _LOG_HEAD_BYTES = 4096
-_OPENERS = {".gz": gzip.open, ".bz2": bz2.open}
+_OPENERS: Dict[str, Callable[..., Any]] = {".gz": gzip.open, ".bz2": bz2.open}
 
 
 def requested_easyconfigs(eb_args) -> list:
