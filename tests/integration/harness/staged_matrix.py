@@ -35,7 +35,7 @@ from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import
     swap,
 )
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import journal as journals
-from tests.integration.harness.staged import FAKE_EB, StagedSite, snapshot
+from tests.support.staged import FAKE_EB, StagedSite, snapshot
 
 ONE = ("TinyApp/1.0",)
 THREE = ("TinyTop/1.0", "TinyApp/1.0", "TinyLib/1.0")
