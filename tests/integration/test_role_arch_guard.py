@@ -51,7 +51,12 @@ ClusterName=test
 SlurmctldHost=localhost
 SlurmdPort=6818
 """
-CODE_DIRS = ("plugins/module_utils/common", "plugins/module_utils/arch_guard")
+# What the role copies and digests (its __arch_guard_code_paths).
+CODE_PATHS = (
+    "plugins/module_utils/__init__.py",
+    "plugins/module_utils/common",
+    "plugins/module_utils/arch_guard",
+)
 RUN_TIMEOUT = 120
 
 
@@ -513,9 +518,9 @@ def _assert_root_s_alone_and_byte_compiled(host, python):
     assert missing == []
     # The guard's part of module_utils, nothing of the rest.
     copied = sorted(str(path.relative_to(package)) for path in modules)
-    listed = list_tree(str(checkout.REPO), CODE_DIRS)
+    listed = list_tree(str(checkout.REPO), CODE_PATHS)
     expected = [name.replace("plugins/module_utils/", "", 1) for name in listed if name.endswith(".py")]
-    assert copied == sorted([*expected, "__init__.py"])
+    assert copied == sorted(expected)
 
 
 def _assert_the_launcher_ignores_the_job_s_python_settings(host):
@@ -579,7 +584,7 @@ def _change(collection: Path, relative: str, note: str) -> str:
     """Append ``note`` to one file of the guard's code in ``collection``; the code's new digest."""
     path = collection / relative
     path.write_text(path.read_text() + f"# {note}\n")
-    return digest_files(str(collection), list_tree(str(collection), CODE_DIRS))
+    return digest_files(str(collection), list_tree(str(collection), CODE_PATHS))
 
 
 def test_a_new_release_of_the_guard_is_switched_in_and_the_build_before_it_kept(root, tmp_path):
@@ -591,7 +596,7 @@ def test_a_new_release_of_the_guard_is_switched_in_and_the_build_before_it_kept(
     _succeeded(host.run())
     [first_build] = host.builds()
     assert host.current_build() == first_build
-    assert host.release()["digest"] == digest_files(str(collection), list_tree(str(collection), CODE_DIRS))
+    assert host.release()["digest"] == digest_files(str(collection), list_tree(str(collection), CODE_PATHS))
 
     second_digest = _change(collection, "plugins/module_utils/arch_guard/emit.py", "a later release")
     second = host.run()

@@ -18,6 +18,7 @@ import os
 import shutil
 import sys
 
+from .. import __version__
 from ..common import errors
 from . import backends, commands, probe
 from . import gc as gc_module
@@ -63,6 +64,7 @@ def build_parser():
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     # --json may also follow the command ("probe --path DIR --json"), as the README shows it.
     after = _Parser(add_help=False)
     after.add_argument(
