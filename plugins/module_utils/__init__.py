@@ -8,7 +8,7 @@ Public API: two commands, not Python names.
   (entry point ``arch_guard.cli:main``): their command lines, their exit statuses and the
   JSON documents they print with ``--json``, as docs/staged-rebuild.md and
   docs/arch-guard.md describe them.
-- ``__version__``: the collection's version (galaxy.yml), which ``--version`` prints.
+- ``common.version.VERSION``: the collection's version (galaxy.yml), which ``--version`` prints.
 
 Everything else here (the subpackages ``common``, ``staged_rebuild`` and ``arch_guard``,
 every module, class and function in them, and the entry points' keyword arguments) is
@@ -16,8 +16,3 @@ private to the collection: its modules, roles and plugins import it, nothing els
 It may change in any release, without notice or deprecation. The collection's Ansible
 interface (modules, roles, playbooks) is documented in docs/ansible.md.
 """
-
-# Kept equal to galaxy.yml's version by a test; pyproject.toml reads it for the pip package.
-# Defined here, in the package every entry point imports first, so that ``--version`` costs
-# the guard's TaskProlog path no import.
-__version__ = "0.1.0"

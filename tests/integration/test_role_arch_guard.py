@@ -51,12 +51,7 @@ ClusterName=test
 SlurmctldHost=localhost
 SlurmdPort=6818
 """
-# What the role copies and digests (its __arch_guard_code_paths).
-CODE_PATHS = (
-    "plugins/module_utils/__init__.py",
-    "plugins/module_utils/common",
-    "plugins/module_utils/arch_guard",
-)
+CODE_DIRS = ("plugins/module_utils/common", "plugins/module_utils/arch_guard")
 RUN_TIMEOUT = 120
 
 
@@ -518,9 +513,9 @@ def _assert_root_s_alone_and_byte_compiled(host, python):
     assert missing == []
     # The guard's part of module_utils, nothing of the rest.
     copied = sorted(str(path.relative_to(package)) for path in modules)
-    listed = list_tree(str(checkout.REPO), CODE_PATHS)
+    listed = list_tree(str(checkout.REPO), CODE_DIRS)
     expected = [name.replace("plugins/module_utils/", "", 1) for name in listed if name.endswith(".py")]
-    assert copied == sorted(expected)
+    assert copied == sorted([*expected, "__init__.py"])
 
 
 def _assert_the_launcher_ignores_the_job_s_python_settings(host):
@@ -584,7 +579,7 @@ def _change(collection: Path, relative: str, note: str) -> str:
     """Append ``note`` to one file of the guard's code in ``collection``; the code's new digest."""
     path = collection / relative
     path.write_text(path.read_text() + f"# {note}\n")
-    return digest_files(str(collection), list_tree(str(collection), CODE_PATHS))
+    return digest_files(str(collection), list_tree(str(collection), CODE_DIRS))
 
 
 def test_a_new_release_of_the_guard_is_switched_in_and_the_build_before_it_kept(root, tmp_path):
@@ -596,7 +591,7 @@ def test_a_new_release_of_the_guard_is_switched_in_and_the_build_before_it_kept(
     _succeeded(host.run())
     [first_build] = host.builds()
     assert host.current_build() == first_build
-    assert host.release()["digest"] == digest_files(str(collection), list_tree(str(collection), CODE_PATHS))
+    assert host.release()["digest"] == digest_files(str(collection), list_tree(str(collection), CODE_DIRS))
 
     second_digest = _change(collection, "plugins/module_utils/arch_guard/emit.py", "a later release")
     second = host.run()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 
-from .. import __version__
 from . import lean_os
 
 PROG = "eessi-arch-guard"
@@ -77,8 +76,10 @@ def main(argv=None, environ=None, stdout=None, stderr=None) -> int:
             _write(err if shell_mode else out, build_parser().format_help().encode())
             return 0
         if "--version" in args:
+            from ..common.version import VERSION  # noqa: PLC0415 (only --version needs it)
+
             # Plain text even with --json, as eb-staged-rebuild's --version is.
-            _write(err if shell_mode else out, f"{PROG} {__version__}\n".encode())
+            _write(err if shell_mode else out, f"{PROG} {VERSION}\n".encode())
             return 0
         _run(parse_args(args), env, out, err)
     except Exception as problem:  # the guard must not fail the task, whatever broke

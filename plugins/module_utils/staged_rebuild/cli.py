@@ -18,8 +18,8 @@ import os
 import shutil
 import sys
 
-from .. import __version__
 from ..common import errors
+from ..common.version import VERSION
 from . import backends, commands, probe
 from . import gc as gc_module
 
@@ -64,7 +64,7 @@ def build_parser():
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     # --json may also follow the command ("probe --path DIR --json"), as the README shows it.
     after = _Parser(add_help=False)
     after.add_argument(

@@ -1,6 +1,6 @@
 """What ``plugins/module_utils/__init__.py`` promises: the two commands are the public API, the
-rest is private to the collection, and ``__version__`` is the collection's version, which both
-commands print with ``--version``."""
+rest is private to the collection, and ``common.version.VERSION`` is the collection's version,
+which both commands print with ``--version``."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ import yaml
 import checkout
 from ansible_collections.hpcstack.ops.plugins import module_utils
 from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard import cli as guard_cli
+from ansible_collections.hpcstack.ops.plugins.module_utils.common.version import VERSION
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import cli as rebuild_cli
 
 if sys.version_info >= (3, 11):
     import tomllib
 
-VERSION = module_utils.__version__
 # "``eb-staged-rebuild`` (entry point ``staged_rebuild.cli:main``)", across a line break too.
 ENTRY_POINT = re.compile(r"``([\w-]+)``\s+\(entry\s+point\s+``([\w.]+):(\w+)``\)")
 
@@ -61,7 +61,8 @@ def test_the_pip_package_takes_its_version_from_the_package():
     project = _pyproject()
     assert "version" not in project["project"]
     assert project["project"]["dynamic"] == ["version"]
-    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "hpcstack_ops.__version__"}
+    dynamic = project["tool"]["setuptools"]["dynamic"]
+    assert dynamic["version"] == {"attr": "hpcstack_ops.common.version.VERSION"}
 
 
 # eb-staged-rebuild --version
@@ -123,3 +124,19 @@ def test_eessi_arch_guard_version_as_a_node_runs_it(package_dir):
 
 def test_eessi_arch_guard_help_lists_version():
     assert "--version" in guard_cli.build_parser().format_help()
+
+
+def test_eessi_arch_guard_imports_the_version_only_for_version(package_dir):
+    # Every task of a step imports the guard's CLI: the version module is for --version alone.
+    probe = (
+        f"import sys; sys.path.insert(0, {str(package_dir)!r}); import hpcstack_ops.arch_guard.cli; "
+        "print('hpcstack_ops.common.version' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-IS", "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "False\n", "")
