@@ -19,7 +19,7 @@ lint:
 
 demo:
 	@tools/bootstrap.sh demo
-	@$(PYTHON) tools/demo.py
+	@$(PYTHON) testbed/demo.py
 
 bench:
 	@tools/bootstrap.sh demo

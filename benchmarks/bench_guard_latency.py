@@ -34,7 +34,7 @@ waiting for its first task costs.
 The guard runs as a node without an installation runs it, ``python3 -IS`` with the
 checkout's ``module_utils`` on ``sys.path`` as the package ``hpcstack_ops``, with the real
 interpreter behind this one (the venv's ``python`` is a link to it). The EESSI-like prefix
-(``tools/eessilike.py``) has two CPU targets: the one the archdetect stand-in selects for
+(``testbed/eessilike.py``) has two CPU targets: the one the archdetect stand-in selects for
 this machine's real ``/proc/cpuinfo``, and another of the same architecture, the "login
 node" of the mismatched jobs. The user's login loads ``EESSI`` and two user modules, with
 the machine's real Lmod. Every cold run gets a fresh cache directory (``TMPDIR``) so it is

@@ -1,6 +1,6 @@
 """What build isolation costs: a real EasyBuild rebuild of one package, four ways, in one run.
 
-Each round rebuilds ``TinyApp/1.0`` (``tools/tinypkgs.py``; its dependency ``TinyLib/1.0``
+Each round rebuilds ``TinyApp/1.0`` (``testbed/tinypkgs.py``; its dependency ``TinyLib/1.0``
 loads from the live tree) with the real ``eb`` and Lmod, offline, four ways:
 
 - ``eb-staged-rebuild --backend userns``: the stage mounted at the live path in a private

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "tools")]
+sys.path[:0] = [str(HERE), str(HERE.parent / "tools"), str(HERE.parent / "testbed")]
 
 import checkout  # noqa: E402
 from benchlib import CPU, MISSING, OK, PARTIAL, WALL, Case, Comparison, WindowCase  # noqa: E402

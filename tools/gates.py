@@ -69,7 +69,7 @@ def gates(pytest_args: list[str]) -> list[Gate]:
         ),
         Gate(
             "other-cpu",
-            [PYTHON, "tools/simulate_cpu.py", "--", *PYTEST, *HOST_DEPENDENT],
+            [PYTHON, "testbed/simulate_cpu.py", "--", *PYTEST, *HOST_DEPENDENT],
             "the host-dependent tests again, this machine's CPU simulated as another vendor's",
         ),
     ]

@@ -11,8 +11,8 @@ from tests.integration.harness.guard_slurm import slurm_guard
 from tests.integration.harness.mounts import fuse_dir
 from tests.integration.harness.slurm import slurm_cluster
 from tests.integration.harness.stack import easybuild, lmod, tiny_packages
-from tests.integration.harness.staged import package_root, staged_site
-from tests.integration.harness.users import unprivileged_user, user_tmp_path
+from tests.support.staged import package_root, staged_site
+from tests.support.users import unprivileged_user, user_tmp_path
 
 __all__ = [
     "easybuild",

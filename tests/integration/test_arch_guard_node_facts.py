@@ -2,7 +2,7 @@
 
 EESSI's SitePackage detects the CUDA version of the node's driver once, when a GPU module is
 loaded, and keeps it in ``EESSI_CUDA_DRIVER_VERSION``; while that is set it never detects
-again, and unloading the GPU module does not unset it (``tools/eessi_like/SitePackage.lua``
+again, and unloading the GPU module does not unset it (``testbed/eessi_like/SitePackage.lua``
 does the same with the fake ``nvidia-smi``, whose driver says
 ``EESSI_LIKE_CUDA_DRIVER_VERSION``). A job from a login node carries the login node's answer.
 After the guard's reload the task must hold what a fresh ``module load`` of its modules on

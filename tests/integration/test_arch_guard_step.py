@@ -25,8 +25,8 @@ import pytest
 from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard import cache
 from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard.decision import RELOAD, Decision
 from ansible_collections.hpcstack.ops.plugins.module_utils.common.proc import POST_KILL_WAIT_SECONDS
-from tests import slurm_taskprolog
 from tests.integration.harness.guard import GuardRun, as_bytes, as_str
+from tests.support import slurm_taskprolog
 
 HASWELL = ("x86_64/intel/haswell", None)
 ZEN3 = ("x86_64/amd/zen3", None)

@@ -17,7 +17,7 @@ import eessilike
 def _demo(tree):
     env = dict(os.environ, HPCSTACK_DEMO_DIR=str(tree))
     return subprocess.run(
-        [sys.executable, str(checkout.REPO / "tools" / "demo.py")],
+        [sys.executable, str(checkout.REPO / "testbed" / "demo.py")],
         env=env,
         capture_output=True,
         text=True,
@@ -142,11 +142,11 @@ def _processes_naming(text: str) -> list[str]:
 def test_guard_demo_shows_the_wrong_build_then_the_right_one(
     tmp_path, unprivileged_user, user_tmp_path, user
 ):
-    """Only tools/demo_guard.py (no EasyBuild): a real Slurm job as root, one line without root."""
+    """Only testbed/demo_guard.py (no EasyBuild): a real Slurm job as root, one line without root."""
     if user == "root":
         env = dict(os.environ, HPCSTACK_DEMO_DIR=str(tmp_path / "demo"))
         done = subprocess.run(
-            [sys.executable, str(checkout.REPO / "tools" / "demo_guard.py")],
+            [sys.executable, str(checkout.REPO / "testbed" / "demo_guard.py")],
             env=env,
             capture_output=True,
             text=True,
@@ -156,7 +156,7 @@ def test_guard_demo_shows_the_wrong_build_then_the_right_one(
     else:
         env = dict(unprivileged_user.env(), HPCSTACK_DEMO_DIR=str(user_tmp_path / "demo"))
         done = unprivileged_user.run(
-            [sys.executable, str(checkout.REPO / "tools" / "demo_guard.py")], env=env, timeout=300
+            [sys.executable, str(checkout.REPO / "testbed" / "demo_guard.py")], env=env, timeout=300
         )
 
     assert done.returncode == 0, done.stdout + done.stderr
@@ -179,7 +179,7 @@ def test_guard_demo_shows_the_wrong_build_then_the_right_one(
         assert f"usera runs the build for {here}\n" in guarded
         assert f"EESSI_ARCH_GUARD_RELOADED={other}->{here}" in guarded
         assert "the demo's Slurm daemons are stopped\n" in _sections(out)
-        cluster = node.split("tools/slurm-local.sh start ")[1].split(")")[0]
+        cluster = node.split("testbed/slurm-local.sh start ")[1].split(")")[0]
         assert _processes_naming(cluster) == []
         assert not Path(cluster).exists()
     else:

@@ -3,7 +3,7 @@
 The tests that run on this machine unsimulated (the guard in real Slurm, the rollout playbook,
 ``arch_guard_info``, the demo's real job) take this node's target from archdetect and "a target
 this node cannot use" from ``eessilike.target_elsewhere``. Here the host is simulated as each
-CPU of ``tools/eessi_like/cpuinfo/`` (Intel haswell to Sapphire Rapids, AMD zen2 to zen5,
+CPU of ``testbed/eessi_like/cpuinfo/`` (Intel haswell to Sapphire Rapids, AMD zen2 to zen5,
 x86_64 and aarch64 generic, Neoverse, Grace, A64FX, Axion): the chosen target must never be one
 archdetect lists for that host, the repository built with only that target must really have
 nothing for it (the guard's own ``no-software-dir``), and a job from a login node of that
@@ -154,7 +154,7 @@ def test_cpupath_of_an_unreadable_cpuinfo_is_an_error(tmp_path):
     assert str(caught.value).startswith("archdetect -a cpupath failed (exit ")
 
 
-# tools/simulate_cpu.py: what the other-cpu gate of make test runs the host-dependent tests under
+# testbed/simulate_cpu.py: what the other-cpu gate of make test runs the host-dependent tests under
 
 
 @pytest.mark.parametrize("host", HOSTS)
@@ -170,7 +170,7 @@ def test_the_simulated_cpu_of_another_vendor_is_one_the_host_cannot_use(choices,
 
 def _simulate(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(checkout.REPO / "tools" / "simulate_cpu.py"), *args],
+        [sys.executable, str(checkout.REPO / "testbed" / "simulate_cpu.py"), *args],
         capture_output=True,
         text=True,
         timeout=CHECK_TIMEOUT,

@@ -20,7 +20,7 @@ import pytest
 
 import eessilike
 from localplay import LocalPlaybooks
-from tests.integration.harness.nodeinfo import RELEASE, install_guard
+from tests.support.nodeinfo import RELEASE, install_guard
 
 MATCH = "2023.06"
 MISMATCH = "2025.06"

@@ -15,7 +15,7 @@ import os
 import tinypkgs
 from ansible_collections.hpcstack.ops.plugins.modules import staged_rebuild
 from tests.integration.harness.ebsite import LIB
-from tests.unit.plugins.modules.module_runner import run_module
+from tests.support.module_runner import run_module
 
 NEW_GREETING = "hello from TinyLib 1.0, second generation"
 GREETING_SCRIPT = f'module load {LIB} && cat "$EBROOTTINYLIB/share/tinylib/greeting.txt"'

@@ -1,6 +1,6 @@
 """``molecule test -s arch_guard_<kind>``: the arch_guard role on this machine's real Slurm.
 
-Each scenario's prepare starts a single-node Slurm of its own (``tools/slurm-local.sh``) and
+Each scenario's prepare starts a single-node Slurm of its own (``testbed/slurm-local.sh``) and
 its cleanup stops it; this test stops it again whatever happened, by pid. What the jobs need
 is made by the ``job_root`` fixture (``harness/guard_rollout.py``): an EESSI-like prefix
 whose targets are this machine's real CPU and another, and the environment a login shell on

@@ -64,6 +64,17 @@ def test_galaxy_build_leaves_out_tests_venvs_and_caches(tmp_path):
     assert "MANIFEST.json" in members
     assert "plugins/module_utils/staged_rebuild/fsutil.py" in members
     assert "LICENSE" in members
-    excluded = ("tests", ".venv", ".pytest_cache", ".ruff_cache", "demo", "tools", ".ci", "requirements")
+    excluded = (
+        "tests",
+        ".venv",
+        ".pytest_cache",
+        ".ruff_cache",
+        "demo",
+        "tools",
+        "testbed",
+        "benchmarks",
+        ".ci",
+        "requirements",
+    )
     leaked = [name for name in members if name.split("/")[0] in excluded or "__pycache__" in name]
     assert leaked == []

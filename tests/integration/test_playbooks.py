@@ -18,7 +18,7 @@ import pytest
 import tinypkgs
 from localplay import LocalPlaybooks, Play
 from tests.integration.harness.ebsite import APP, LIB
-from tests.integration.harness.staged import snapshot
+from tests.support.staged import snapshot
 
 
 @pytest.fixture

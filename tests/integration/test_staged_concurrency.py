@@ -30,7 +30,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness.staged import snapshot
 from tests.integration.harness.staged_checks import (
     INTERRUPTED,
     LOCK_REFUSAL,
@@ -44,6 +43,7 @@ from tests.integration.harness.staged_checks import (
     tool_command,
     tool_env,
 )
+from tests.support.staged import snapshot
 
 MODULES = ("Alpha/1.0", "Beta/1.0", "Gamma/1.0", "Delta/1.0", "Eps/1.0", "Zeta/1.0")
 RETIRED = "Retro/1.0"

@@ -14,8 +14,8 @@ import os
 
 import pytest
 
-from tests.integration.harness.staged import StagedSite
 from tests.integration.harness.staged_checks import module_root, read_journal, run_tool
+from tests.support.staged import StagedSite
 
 APP = "TinyApp/1.0"
 LIB = "TinyLib/1.0"

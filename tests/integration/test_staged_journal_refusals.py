@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from tests.unit.plugins.modules.module_runner import run_module
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import cli
 from ansible_collections.hpcstack.ops.plugins.modules import (
@@ -66,9 +67,8 @@ from ansible_collections.hpcstack.ops.plugins.modules import (
     staged_retire,
     staged_rollback,
 )
-from tests.integration.harness.staged import FAKE_EB, StagedSite
 from tests.integration.harness.staged_checks import DEFAULTS, refusal_line, run_tool
-from tests.unit.plugins.modules.module_runner import run_module
+from tests.support.staged import FAKE_EB, StagedSite
 
 PREFIX = "eb-staged-rebuild: "
 APP = "TinyApp/1.0"  # published by the schema-2 run

@@ -19,7 +19,7 @@ import pytest
 
 import tinypkgs
 from tests.integration.harness.ebsite import LIB, OWNERS, failure_cases, result_json
-from tests.integration.harness.staged import snapshot
+from tests.support.staged import snapshot
 
 NEW_GREETING = "hello from TinyLib 1.0, second generation"
 BACKENDS = ("bwrap", "userns", "installpath")

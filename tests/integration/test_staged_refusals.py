@@ -28,7 +28,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness.staged import snapshot
 from tests.integration.harness.staged_checks import (
     LockHolder,
     journal_path,
@@ -36,6 +35,7 @@ from tests.integration.harness.staged_checks import (
     refusal_line,
     run_tool,
 )
+from tests.support.staged import snapshot
 
 APP = "TinyApp/1.0"
 LIB = "TinyLib/1.0"

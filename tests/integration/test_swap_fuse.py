@@ -12,8 +12,8 @@ import os
 import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import fsutil, swap
-from tests.trees import make_tree as _tree
-from tests.trees import tree_state as _state
+from tests.support.trees import make_tree as _tree
+from tests.support.trees import tree_state as _state
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import checkout
-from tests.integration.harness.users import unprivileged_user
+from tests.support.users import unprivileged_user
 
 __all__ = ["package_dir", "unprivileged_user"]
 

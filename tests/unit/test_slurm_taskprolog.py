@@ -1,9 +1,9 @@
-"""The tests' model of slurmd reading a TaskProlog's output (tests/slurm_taskprolog.py)."""
+"""The tests' model of slurmd reading a TaskProlog's output (tests/support/slurm_taskprolog.py)."""
 
 from __future__ import annotations
 
-from tests import slurm_taskprolog
-from tests.slurm_taskprolog import parse
+from tests.support import slurm_taskprolog
+from tests.support.slurm_taskprolog import parse
 
 
 def test_export_sets_the_value_and_unset_removes_the_name():

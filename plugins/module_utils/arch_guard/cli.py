@@ -46,6 +46,8 @@ def build_parser():
     parser.add_argument(
         "--json", action="store_true", help="print the decision as JSON instead of applying it"
     )
+    # main() answers --version itself, on the stream of the mode; listed here for --help.
+    parser.add_argument("--version", action="store_true", help="print the name and version, then exit")
     return parser
 
 
@@ -72,6 +74,12 @@ def main(argv=None, environ=None, stdout=None, stderr=None) -> int:
         if "-h" in args or "--help" in args:
             # argparse would print to sys.stdout itself, which eval runs in shell mode.
             _write(err if shell_mode else out, build_parser().format_help().encode())
+            return 0
+        if "--version" in args:
+            from ..common.version import VERSION  # noqa: PLC0415 (only --version needs it)
+
+            # Plain text even with --json, as eb-staged-rebuild's --version is.
+            _write(err if shell_mode else out, f"{PROG} {VERSION}\n".encode())
             return 0
         _run(parse_args(args), env, out, err)
     except Exception as problem:  # the guard must not fail the task, whatever broke

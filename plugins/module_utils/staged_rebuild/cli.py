@@ -18,6 +18,7 @@ import os
 import sys
 
 from ..common import errors
+from ..common.version import VERSION
 from . import commands, probe, settings
 from . import request as request_module
 
@@ -46,6 +47,7 @@ def build_parser():
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     # --json may also follow the command ("probe --path DIR --json"), as the README shows it.
     after = _Parser(add_help=False)
     after.add_argument(

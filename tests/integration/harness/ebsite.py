@@ -32,8 +32,8 @@ import pytest
 import checkout
 import stackenv
 import tinypkgs
-from tests.integration.harness.staged import LiveLayout, snapshot
-from tests.integration.harness.users import UnprivilegedUser
+from tests.support.staged import LiveLayout, snapshot
+from tests.support.users import UnprivilegedUser
 
 # A real build of both tiny packages takes seconds; EasyBuild's own bwrap mode, used alone,
 # adds about 12 s of retries per package. This bounds one tool run or one plain eb run.

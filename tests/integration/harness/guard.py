@@ -21,7 +21,7 @@ import pytest
 import checkout
 import eessilike
 import stackenv
-from tests import slurm_taskprolog
+from tests.support import slurm_taskprolog
 
 GUARD_TIMEOUT = 120
 GPU = "accel/nvidia/cc80"

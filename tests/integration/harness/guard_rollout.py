@@ -1,7 +1,7 @@
 """What a job on this node needs, for the arch_guard role's tests in real Slurm.
 
 One world-readable directory under /tmp (jobs run as the unprivileged test user, and
-``tools/slurm-local.sh`` wants a short path for its sockets) holding:
+``testbed/slurm-local.sh`` wants a short path for its sockets) holding:
 
 - ``eessi/``: an EESSI-like prefix whose targets are this machine's real CPU and one that CPU
   cannot use (``eessilike.target_elsewhere``: another vendor, or another machine type);

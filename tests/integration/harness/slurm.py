@@ -1,4 +1,4 @@
-"""A real single-node Slurm cluster for the whole test session: ``tools/slurm-local.sh``.
+"""A real single-node Slurm cluster for the whole test session: ``testbed/slurm-local.sh``.
 
 One cluster serves every test marked with ``SLURM``. Under pytest-xdist those tests share a
 worker (``--dist loadgroup``): the cluster is a session fixture, and a session is per worker.
@@ -28,7 +28,7 @@ import pytest
 
 import checkout
 
-SCRIPT = checkout.REPO / "tools" / "slurm-local.sh"
+SCRIPT = checkout.REPO / "testbed" / "slurm-local.sh"
 
 # Usage: ``pytestmark = SLURM`` in a test module.
 SLURM = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]
@@ -86,7 +86,7 @@ class SlurmCluster:
 
 
 def slurm_local(action: str, root: Path, timeout: float) -> subprocess.CompletedProcess:
-    """``tools/slurm-local.sh ACTION ROOT``; never raises on a non-zero exit."""
+    """``testbed/slurm-local.sh ACTION ROOT``; never raises on a non-zero exit."""
     return subprocess.run(
         ["bash", str(SCRIPT), action, str(root)],
         capture_output=True,
@@ -119,15 +119,15 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         started = slurm_local("start", root, START_TIMEOUT)
     except subprocess.TimeoutExpired as err:
         slurm_local("stop", root, STOP_TIMEOUT)
-        pytest.fail(f"tools/slurm-local.sh start {root} timed out after {err.timeout} s: {_output(err)}")
+        pytest.fail(f"testbed/slurm-local.sh start {root} timed out after {err.timeout} s: {_output(err)}")
     if started.returncode != 0:
         # The script stops what it started when it fails; stop again in case it was killed.
         slurm_local("stop", root, STOP_TIMEOUT)
-        pytest.fail(f"tools/slurm-local.sh start {root} failed: {_output(started)}")
+        pytest.fail(f"testbed/slurm-local.sh start {root} failed: {_output(started)}")
     try:
         yield SlurmCluster(root=root, conf=root / "slurm.conf")
     finally:
         stopped = slurm_local("stop", root, STOP_TIMEOUT)
         if stopped.returncode != 0:
-            pytest.fail(f"tools/slurm-local.sh stop {root} failed: {_output(stopped)}")
+            pytest.fail(f"testbed/slurm-local.sh stop {root} failed: {_output(stopped)}")
         shutil.rmtree(root, ignore_errors=True)

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.integration.harness.staged import TOOL_TIMEOUT, StagedSite
+from tests.support.staged import TOOL_TIMEOUT, StagedSite
 
 PREFIX = "eb-staged-rebuild: "
 LOCK_REFUSAL = "is locked by another eb-staged-rebuild run"

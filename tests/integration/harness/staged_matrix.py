@@ -36,7 +36,7 @@ from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import
 )
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import journal as journals
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import request as request_module
-from tests.integration.harness.staged import FAKE_EB, StagedSite, snapshot
+from tests.support.staged import FAKE_EB, StagedSite, snapshot
 
 ONE = ("TinyApp/1.0",)
 THREE = ("TinyTop/1.0", "TinyApp/1.0", "TinyLib/1.0")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.harness.staged import StagedSite
-from tests.unit.plugins.modules.module_runner import APP
+from tests.support.module_runner import APP
+from tests.support.staged import StagedSite
 
 # What the modules, the command and the test builder read from the host when no option says.
 # Spelled out: this conftest loads before the session makes ``ansible_collections`` importable.

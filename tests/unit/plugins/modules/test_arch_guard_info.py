@@ -1,6 +1,6 @@
 """hpcstack.ops.arch_guard_info: ``main()`` run with module arguments, its JSON result read back.
 
-The EESSI versions are EESSI-like prefixes (``tests/integration/harness/nodeinfo.py``) with our
+The EESSI versions are EESSI-like prefixes (``tests/support/nodeinfo.py``) with our
 archdetect stand-in, run for real; the node is simulated through ``job_env``. The module only
 reads: a snapshot of the prefixes and of the guard's install is the same after every call.
 """
@@ -11,7 +11,8 @@ import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard import nodeinfo
 from ansible_collections.hpcstack.ops.plugins.modules import arch_guard_info
-from tests.integration.harness.nodeinfo import (
+from tests.support.module_runner import assert_failed_with, run_module
+from tests.support.nodeinfo import (
     DIGEST,
     FIRST,
     GPU,
@@ -24,8 +25,7 @@ from tests.integration.harness.nodeinfo import (
     install_guard,
     node_job_env,
 )
-from tests.integration.harness.staged import snapshot
-from tests.unit.plugins.modules.module_runner import assert_failed_with, run_module
+from tests.support.staged import snapshot
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import commands, module_support
 from ansible_collections.hpcstack.ops.plugins.modules import staged_info
-from tests.integration.harness.staged import publish_in_process
-from tests.unit.plugins.modules.module_runner import APP, assert_failed_with, disk, run_on_site
+from tests.support.module_runner import APP, assert_failed_with, disk, run_on_site
+from tests.support.staged import publish_in_process
 
 OTHER = "TinyLib/1.0"
 RUN = "run1"

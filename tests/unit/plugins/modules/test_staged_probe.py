@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 
 from ansible_collections.hpcstack.ops.plugins.modules import staged_probe
-from tests.integration.harness.staged import snapshot
-from tests.unit.plugins.modules.module_runner import assert_failed_with, run_module
+from tests.support.module_runner import assert_failed_with, run_module
+from tests.support.staged import snapshot
 
 PROBE_KEYS = {"path", "filesystem", "exchange", "bwrap", "userns", "auto_backend", "recommendations"}
 

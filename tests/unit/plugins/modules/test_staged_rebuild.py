@@ -19,8 +19,8 @@ import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import backends
 from ansible_collections.hpcstack.ops.plugins.modules import staged_rebuild
-from tests.integration.harness.staged import FAKE_EB, StagedSite, snapshot
-from tests.unit.plugins.modules.module_runner import APP, assert_failed_with, run_module, warnings_of
+from tests.support.module_runner import APP, assert_failed_with, run_module, warnings_of
+from tests.support.staged import FAKE_EB, StagedSite, snapshot
 
 EB_VERSION = "5.4.2"
 

@@ -14,8 +14,8 @@ import signal
 import pytest
 
 from ansible_collections.hpcstack.ops.plugins.modules import staged_rebuild, staged_resume
-from tests.integration.harness.staged import FAKE_EB, snapshot
-from tests.unit.plugins.modules.module_runner import APP, assert_failed_with, run_module, run_on_site
+from tests.support.module_runner import APP, assert_failed_with, run_module, run_on_site
+from tests.support.staged import FAKE_EB, snapshot
 
 CRASH_AT = "EB_STAGED_REBUILD_CRASH_AT"
 

@@ -14,7 +14,7 @@ import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import commands, module_support
 from ansible_collections.hpcstack.ops.plugins.modules import staged_retire
-from tests.unit.plugins.modules.module_runner import APP, assert_failed_with, disk, run_on_site
+from tests.support.module_runner import APP, assert_failed_with, disk, run_on_site
 
 REASON = "TinyApp/1.0 is now on /cvmfs"
 

@@ -15,7 +15,7 @@ from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard import (
     settings,
 )
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import proc
-from tests.slurm_taskprolog import parse
+from tests.support.slurm_taskprolog import parse
 
 ZEN3 = decide.Node("x86_64/amd/zen3", None)
 ICELAKE = decide.Node("x86_64/intel/icelake", None)

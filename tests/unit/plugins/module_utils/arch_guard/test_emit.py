@@ -7,8 +7,8 @@ import os
 import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard import decision, emit
-from tests.guard_reference import bash_env_after_eval
-from tests.slurm_taskprolog import parse
+from tests.support.guard_reference import bash_env_after_eval
+from tests.support.slurm_taskprolog import parse
 
 LIMIT = 4094
 UNSAFE_CHARS = [("\n", "a newline"), ("\r", "a carriage return"), ("\0", "a NUL")]

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard import envdelta
-from tests.guard_reference import OMITTED_NAMES
+from tests.support.guard_reference import OMITTED_NAMES
 
 REFERENCE_OMITTED = sorted(OMITTED_NAMES)
 PREFIXED = ("BASH_FUNC_module%%", "BASH_FUNC_", "SLURM_", "SLURM_JOB_ID", "SLURM_LOCALID")

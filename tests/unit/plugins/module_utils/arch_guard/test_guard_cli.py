@@ -15,7 +15,7 @@ import pytest
 
 import checkout
 from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard import cli
-from tests.slurm_taskprolog import parse
+from tests.support.slurm_taskprolog import parse
 
 FAILED_EXPORT = b"export EESSI_ARCH_GUARD_FAILED=x86_64/amd/zen3->archdetect-failed\n"
 

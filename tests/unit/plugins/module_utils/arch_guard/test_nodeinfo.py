@@ -1,6 +1,6 @@
 """nodeinfo: what the guard sees on a node, for each EESSI version, and its install and Lmod.
 
-The versions are EESSI-like prefixes (``tests/integration/harness/nodeinfo.py``) and archdetect
+The versions are EESSI-like prefixes (``tests/support/nodeinfo.py``) and archdetect
 is our stand-in, run for real; a node is simulated through ``job_env`` (``EESSI_PROC_CPUINFO``,
 ``EESSI_MACHINE_TYPE``, the fake nvidia-smi's compute capability). Where the report names a
 target or a token, the guard's own decision for a job with the same environment is computed
@@ -19,7 +19,7 @@ import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard import decide, decision, emit, nodeinfo
 from ansible_collections.hpcstack.ops.plugins.module_utils.common.deadline import Deadline
-from tests.integration.harness.nodeinfo import (
+from tests.support.nodeinfo import (
     BUILD,
     DIGEST,
     FIRST,

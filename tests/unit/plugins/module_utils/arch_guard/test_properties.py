@@ -6,7 +6,7 @@ except the omitted names, the prompt settings whose new value cannot be carried 
 they were, EESSI_ARCH_GUARD_RELOADED=<was>-><now> set and EESSI_ARCH_GUARD_FAILED gone.
 When a change the task needs cannot be carried, the task must instead keep its environment
 and get only EESSI_ARCH_GUARD_FAILED=<was>->unsafe-environment. Slurm's side is
-tests/slurm_taskprolog.py (the 4094-byte reads of old slurmd); the shell side is a real bash.
+tests/support/slurm_taskprolog.py (the 4094-byte reads of old slurmd); the shell side is a real bash.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard import cli, decide, emit, restore
-from tests import slurm_taskprolog
-from tests.guard_reference import OMITTED_NAMES, OMITTED_PREFIXES, PROMPTS, bash_env_after_eval
+from tests.support import slurm_taskprolog
+from tests.support.guard_reference import OMITTED_NAMES, OMITTED_PREFIXES, PROMPTS, bash_env_after_eval
 
 LINE_MAX = 4094
 FAILED = "EESSI_ARCH_GUARD_FAILED"

@@ -16,7 +16,7 @@ import pytest
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import backends, cli
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import journal as journals
-from tests.integration.harness.staged import FAKE_EB, StagedSite
+from tests.support.staged import FAKE_EB, StagedSite
 
 APP = "TinyApp/1.0"
 PROG = "eb-staged-rebuild: "

@@ -14,7 +14,7 @@ import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import commands, uptodate
-from tests.integration.harness.staged import StagedSite, fake_eb_request, publish_in_process, snapshot
+from tests.support.staged import StagedSite, fake_eb_request, publish_in_process, snapshot
 
 APP = "TinyApp/1.0"
 

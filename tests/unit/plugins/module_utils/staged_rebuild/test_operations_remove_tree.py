@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import operations
-from tests.integration.harness.staged import snapshot
+from tests.support.staged import snapshot
 
 AS_USER = r"""
 import sys

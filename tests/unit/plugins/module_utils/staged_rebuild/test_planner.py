@@ -24,7 +24,7 @@ from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import
     planner,
 )
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import journal as journals
-from tests.integration.harness.staged import FAKE_EB, StagedSite
+from tests.support.staged import FAKE_EB, StagedSite
 
 APP = "TinyApp/1.0"
 LIB = "TinyLib/1.0"

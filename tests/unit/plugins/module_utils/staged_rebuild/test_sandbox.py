@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import mountinfo, sandbox
-from tests.integration.harness.staged import snapshot
+from tests.support.staged import snapshot
 
 CHILD_TIMEOUT = 120
 # argv: the spec, then [[name, action, path], ...]. Prints {"error"} or {"uid", "gid", "results"}.

@@ -1,8 +1,8 @@
 """The guard's part of `make demo`: a job that inherited EESSI for the wrong CPU, repaired.
 
-An EESSI-like prefix (tools/eessilike.py) is built under <demo>/eessi, with a build for the
+An EESSI-like prefix (testbed/eessilike.py) is built under <demo>/eessi, with a build for the
 CPU of this machine among its targets. First a real job: a single-node Slurm cluster starts
-on this machine (tools/slurm-local.sh, as the tests start it; stopped again at the end), and
+on this machine (testbed/slurm-local.sh, as the tests start it; stopped again at the end), and
 a user who loaded EESSI on a login node of another CPU submits a job to it, once with a
 TaskProlog that does nothing and once with the guard as TaskProlog. Without root or the
 Slurm packages the demo says so in one line and goes on.
@@ -25,6 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
+# Run as a script, only testbed/ is on sys.path: tools/checkout.py, the checkout's files and
+# import names, sits with the tools that build and check the project.
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent / "tools"))
+
 import checkout
 import eessilike
 import slurmjobs
@@ -35,7 +39,7 @@ COMPUTE = ("x86_64/intel/icelake", "accel/nvidia/cc80")
 # The user modules' commands print the CPU target they were built for.
 SHOW = 'echo "EESSI_SOFTWARE_SUBDIR=$EESSI_SOFTWARE_SUBDIR"; echo "usera runs the build for $(usera)"'
 
-SLURM_LOCAL = checkout.REPO / "tools" / "slurm-local.sh"
+SLURM_LOCAL = checkout.REPO / "testbed" / "slurm-local.sh"
 SLURM_COMMANDS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol")
 SLURM_PACKAGES = "munge slurmctld slurmd slurm-client"
 SLURM_START_TIMEOUT = 240  # the script waits up to 180 s for its port lock, then 60 s for idle
@@ -151,7 +155,7 @@ def real_slurm_job(lmod: stackenv.Lmod, prefix: eessilike.EessiPrefix, compatibl
             started = _slurm_local("start", cluster, env, SLURM_START_TIMEOUT)
             if started.returncode != 0:
                 last = (started.stderr.strip().splitlines() or ["no message"])[0]
-                say(f"no real Slurm job in this demo: tools/slurm-local.sh could not start it ({last})")
+                say(f"no real Slurm job in this demo: testbed/slurm-local.sh could not start it ({last})")
                 return True
             return _two_jobs(lmod, prefix, compatible, work, cluster)
         finally:
@@ -161,7 +165,7 @@ def real_slurm_job(lmod: stackenv.Lmod, prefix: eessilike.EessiPrefix, compatibl
                 say(
                     "the demo's Slurm daemons are stopped"
                     if stopped.returncode == 0
-                    else f"tools/slurm-local.sh stop {cluster} failed: {stopped.stderr.strip()}"
+                    else f"testbed/slurm-local.sh stop {cluster} failed: {stopped.stderr.strip()}"
                 )
 
 
@@ -186,7 +190,7 @@ def _two_jobs(
     node = subprocess.run(["hostname", "-s"], capture_output=True, text=True, check=False).stdout.strip()
     say(
         f"this machine is now a real Slurm node, {node} (munged, slurmctld and slurmd started by "
-        f"tools/slurm-local.sh start {cluster}); archdetect says its CPU is {here}"
+        f"testbed/slurm-local.sh start {cluster}); archdetect says its CPU is {here}"
     )
     modules = " ".join(eessilike.default_modules(prefix))
     login = eessilike.login_environment(lmod, prefix, prefix.node_env(other))

@@ -1,10 +1,10 @@
 """Run a command on this machine as if its CPU were another: a cpuinfo dump bound over /proc/cpuinfo.
 
-    .venv/bin/python tools/simulate_cpu.py -- make test            # the other vendor's CPU
-    .venv/bin/python tools/simulate_cpu.py --as x86_64/amd/zen4 -- .venv/bin/python -m pytest ...
+    .venv/bin/python testbed/simulate_cpu.py -- make test            # the other vendor's CPU
+    .venv/bin/python testbed/simulate_cpu.py --as x86_64/amd/zen4 -- .venv/bin/python -m pytest ...
 
 The command runs in a private mount namespace (``unshare --mount``, so root) in which
-``/proc/cpuinfo`` is one of ``tools/eessi_like/cpuinfo/``; everything it starts, Slurm's daemons
+``/proc/cpuinfo`` is one of ``testbed/eessi_like/cpuinfo/``; everything it starts, Slurm's daemons
 and their jobs included, reads that CPU, and nothing outside the namespace sees a change. Without
 ``--as`` the CPU is one of another vendor than this machine's (an AMD one on an Intel host, an
 Intel one on an AMD host), chosen the way the tests choose "a target this node cannot use".

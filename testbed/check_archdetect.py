@@ -1,6 +1,6 @@
 """Compare our archdetect stand-in with EESSI's own archdetect test data.
 
-    .venv/bin/python tools/check_archdetect.py DATA_DIR
+    .venv/bin/python testbed/check_archdetect.py DATA_DIR
 
 DATA_DIR is a copy of EESSI's ``tests/archdetect`` from its software-layer-scripts
 repository, kept outside this repository (its licence, GPL-2.0, keeps it out of ours). For every

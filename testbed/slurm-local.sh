@@ -3,10 +3,10 @@
 # the integration tests. Nothing outside DIR is touched: no systemd units, no /etc/slurm, no
 # /run/munge, so it can run next to a real cluster or another copy of itself.
 #
-#   tools/slurm-local.sh start DIR   create DIR's files, start the daemons, wait until idle
-#   tools/slurm-local.sh stop DIR    stop exactly the daemons recorded in DIR/pids
-#   tools/slurm-local.sh env DIR     print the shell line that points Slurm's clients at DIR:
-#                                    eval "$(tools/slurm-local.sh env DIR)"; srun hostname
+#   testbed/slurm-local.sh start DIR   create DIR's files, start the daemons, wait until idle
+#   testbed/slurm-local.sh stop DIR    stop exactly the daemons recorded in DIR/pids
+#   testbed/slurm-local.sh env DIR     print the shell line that points Slurm's clients at DIR:
+#                                      eval "$(testbed/slurm-local.sh env DIR)"; srun hostname
 #
 # DIR/task_prolog is the cluster's TaskProlog. Slurm reads it afresh for every task, so tests
 # change the prolog by replacing that file (atomically: a half-written script fails the task).
@@ -179,7 +179,7 @@ write_conf() {
   hardware=$(slurmd -C | sed -n 's/^NodeName=[^ ]* //p')
   [[ -n $hardware ]] || die "slurmd -C printed no node line"
   cat >"$dir/slurm.conf" <<EOF
-# Written by tools/slurm-local.sh; rewritten on every start.
+# Written by testbed/slurm-local.sh; rewritten on every start.
 ClusterName=hpcstack
 SlurmctldHost=$node(127.0.0.1)
 SlurmctldPort=$ctld_port

@@ -2,8 +2,8 @@
 
 eessi-arch-guard repairs jobs that inherited EESSI's environment from a node with another
 CPU. Testing that needs what EESSI is made of, run for real: an archdetect script
-(``tools/eessi_like/eessi_archdetect.sh``, our stand-in with our own CPU tables), the EESSI
-module that runs it through Lmod's ``source_sh`` (``tools/eessi_like/EESSI.lua``; Lmod keeps
+(``testbed/eessi_like/eessi_archdetect.sh``, our stand-in with our own CPU tables), the EESSI
+module that runs it through Lmod's ``source_sh`` (``testbed/eessi_like/EESSI.lua``; Lmod keeps
 the detection in its module table, so an environment carried to another node keeps the
 first node's answer until EESSI is unloaded and loaded again), and a software tree per CPU
 target whose modules say which target they were built for.
@@ -28,7 +28,7 @@ Layout written by ``build_prefix(root)`` (version 2023.06)::
         scripts/gpu_support/nvidia/get_cuda_driver_version.sh   what the hook sources
         software/linux/<target>/accel/nvidia/cc80/{software,modules/all}   GpuKit/1.0
 
-Imported by the integration tests and by ``tools/demo.py``; ``tools/check_archdetect.py``
+Imported by the integration tests and by ``testbed/demo.py``; ``testbed/check_archdetect.py``
 compares the stand-in with EESSI's own test data.
 """
 
@@ -456,7 +456,7 @@ def archdetect_env(node_vars: Mapping[str, str], path: str = "/usr/bin:/bin", **
 
 
 def run_archdetect(env: Mapping[str, str], *args: str, script: Path = STANDIN) -> subprocess.CompletedProcess:
-    """Run archdetect ``script`` (default: the stand-in in tools/) with ``args`` in exactly ``env``."""
+    """Run archdetect ``script`` (default: our stand-in, ``STANDIN``) with ``args`` in exactly ``env``."""
     return subprocess.run(
         ["bash", str(script), *args],
         env=dict(env),

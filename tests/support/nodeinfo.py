@@ -1,7 +1,7 @@
 """What the tests of ``arch_guard_info`` build: EESSI-like versions on one root, simulated
 nodes, and the arch_guard role's install layout.
 
-The versions are ``tools/eessilike.py`` prefixes (our archdetect stand-in, our CPU tables),
+The versions are ``testbed/eessilike.py`` prefixes (our archdetect stand-in, our CPU tables),
 chosen so that one simulated icelake node meets each case of the guard's target selection:
 
 - ``FIRST`` has every default target (icelake with ``accel/nvidia/cc80``): the node's first

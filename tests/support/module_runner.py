@@ -1,7 +1,7 @@
 """Running a module's ``main()`` in the test process and reading back the JSON it printed.
 
-Shared by the module tests here and by the module tests under tests/integration; their
-fixtures are in this directory's conftest.py.
+Shared by the module tests of ``tests/unit/plugins/modules/`` (their fixtures are in that
+directory's conftest.py) and ``tests/integration/test_module_staged_rebuild.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from ansible.module_utils import _internal as ansible_internal
 from ansible.module_utils.common import warnings as ansible_warnings
 from ansible.module_utils.testing import patch_module_args
 
-from tests.integration.harness.staged import StagedSite, snapshot
+from tests.support.staged import StagedSite, snapshot
 
 # The package the test builder installs live before each test.
 APP = "TinyApp/1.0"

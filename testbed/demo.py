@@ -5,8 +5,8 @@ into ./demo (software/ and modules/all/, as on a cluster); real Lmod then lists 
 them. Then eb-staged-rebuild rebuilds TinyApp beside the live tree with real EasyBuild,
 swaps it in, rolls it back and collects the retired tree, with Lmod loading the module at
 every stage, and does the same again through the collection's playbooks
-(tools/demo_ansible.py). Last, eessi-arch-guard repairs a job that inherited EESSI's
-environment for another CPU (tools/demo_guard.py). A second run finds both installed and
+(testbed/demo_ansible.py). Last, eessi-arch-guard repairs a job that inherited EESSI's
+environment for another CPU (testbed/demo_guard.py). A second run finds both installed and
 EasyBuild skips them. HPCSTACK_DEMO_DIR puts the tree elsewhere (the tests do).
 """
 
@@ -21,6 +21,10 @@ import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
+
+# Run as a script, only testbed/ is on sys.path: tools/checkout.py, the checkout's files and
+# import names, sits with the tools that build and check the project.
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent / "tools"))
 
 import checkout
 import demo_ansible

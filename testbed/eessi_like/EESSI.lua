@@ -1,6 +1,6 @@
 -- EESSI-like stack module for hpcstack.ops's tests and demo (Lmod >= 8.6).
 --
--- tools/eessilike.py installs this file, unchanged, as <root>/init/modules/EESSI/<version>.lua
+-- testbed/eessilike.py installs this file, unchanged, as <root>/init/modules/EESSI/<version>.lua
 -- next to <root>/versions/<version> (EESSI_PREFIX), so the version is the module's own and the
 -- prefix follows from where the file is.
 --
