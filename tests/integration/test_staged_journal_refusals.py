@@ -56,7 +56,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from tests.unit.plugins.modules.module_runner import run_module
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import cli
 from ansible_collections.hpcstack.ops.plugins.modules import (
@@ -68,6 +67,7 @@ from ansible_collections.hpcstack.ops.plugins.modules import (
     staged_rollback,
 )
 from tests.integration.harness.staged_checks import DEFAULTS, refusal_line, run_tool
+from tests.support.module_runner import run_module
 from tests.support.staged import FAKE_EB, StagedSite
 
 PREFIX = "eb-staged-rebuild: "
