@@ -59,6 +59,7 @@ def gates(pytest_args: list[str]) -> list[Gate]:
         Gate("ruff-check", [PYTHON, "-m", "ruff", "check", "."], "lint"),
         Gate("ruff-format", [PYTHON, "-m", "ruff", "format", "--check", "."], "formatting"),
         Gate("compile", [PYTHON, "tools/compile_check.py"], "plugins/ on Python 3.8-3.13"),
+        Gate("types", [PYTHON, "-m", "mypy"], "mypy on plugins/module_utils, for Python 3.8"),
         Gate("changelog", [str(Path(PYTHON).parent / "antsibull-changelog"), "lint"], "changelog fragments"),
         Gate("ansible-sanity", ["bash", "tools/ansible-sanity.sh"], "ansible-test sanity"),
         Gate("ansible-lint", ["bash", "tools/ansible-lint.sh"], "ansible-lint, production profile"),

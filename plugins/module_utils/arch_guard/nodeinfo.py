@@ -294,6 +294,7 @@ def read_release(path) -> dict:
 def lmod_report(lmod_cmd, environ) -> dict:
     """The Lmod a reload would run: the option, else ``LMOD_CMD``, else the first usual location."""
     command: Optional[str]
+    source: Optional[str]
     if lmod_cmd:
         command, source = lmod_cmd, "option"
     elif environ.get("LMOD_CMD"):
