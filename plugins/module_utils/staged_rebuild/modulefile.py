@@ -31,6 +31,7 @@ import os
 import re
 import stat
 import tempfile
+from typing import Dict, List, Pattern, Set
 
 from ..common import errors
 from . import fsutil
@@ -104,7 +105,8 @@ def _lua_mask(text):
             pos = len(text) if pos < 0 else pos
             out.append(" " * (pos - start))
         elif word in "\"'":
-            stop = _LUA_SHORT_STRING[word].match(text, token.end()).end()
+            # The pattern matches the empty string too, so there is always a match.
+            stop = _match_end(_LUA_SHORT_STRING[word], text, token.end())
             out.append(word + _FILL * (stop - token.end()))
             pos = stop
             if text.startswith(word, pos):
@@ -447,9 +449,18 @@ def _resolve(name, modules, by_name):
     return by_name.get(name, []) if "/" not in name else []
 
 
+def _match_end(pattern: Pattern[str], text: str, start: int) -> int:
+    found = pattern.match(text, start)
+    return found.end() if found else start
+
+
 def _strong_components(nodes, edges):
     """Strongly connected components (Tarjan, iterative: no recursion limit on long chains)."""
-    index, low, on_stack, stack, components = {}, {}, set(), [], []
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    on_stack: Set[str] = set()
+    stack: List[str] = []
+    components: List[List[str]] = []
     for root in nodes:
         if root in index:
             continue
@@ -508,7 +519,7 @@ def publish_order(modules):
     components = _strong_components(nodes, edges)
     component_of = {member: number for number, members in enumerate(components) for member in members}
     waiting = [0] * len(components)
-    dependents = [set() for _component in components]
+    dependents: List[Set[int]] = [set() for _component in components]
     for number, members in enumerate(components):
         needs = {component_of[target] for member in members for target in edges[member]} - {number}
         waiting[number] = len(needs)
