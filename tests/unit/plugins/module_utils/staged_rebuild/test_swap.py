@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -392,6 +393,54 @@ def test_an_injected_sync_failure_after_the_fallback_swaps_back(pair):
         )
 
     assert seen == ["exchange", *swap.FALLBACK_STEPS]
+    _assert_original(staged, live, before)
+
+
+# a filesystem that does not sync directories
+
+
+def _directory_fsync_fails_with(monkeypatch, err):
+    """``os.fsync`` of a directory fails with ``err``; files are flushed as usual."""
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(err, os.strerror(err))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+@pytest.mark.parametrize("fallback", [False, True], ids=["exchange", "fallback"])
+def test_a_finished_swap_stands_where_the_filesystem_cannot_sync_directories(pair, monkeypatch, fallback):
+    """Injected EINVAL: the filesystems that answer it for real (procfs, sysfs; see test_fsutil)
+    cannot hold the directories of a swap, and every one that can here (tmpfs, ext4, overlay,
+    bindfs) flushes directories."""
+    staged, live = pair
+    before = {staged: _state(staged), live: _state(live)}
+    _directory_fsync_fails_with(monkeypatch, errno.EINVAL)
+    exchange_fn = _unsupported(errno.EINVAL) if fallback else None
+
+    method = swap.exchange(staged, live, exchange_fn=exchange_fn)
+
+    assert method == ("fallback" if fallback else "exchange")
+    assert _state(live) == before[staged]
+    assert _state(staged) == before[live]
+    assert _state(_hold(staged)) is None
+
+
+@pytest.mark.parametrize("fallback", [False, True], ids=["exchange", "fallback"])
+def test_a_directory_fsync_that_fails_with_eio_still_swaps_back(pair, monkeypatch, fallback):
+    """Injected EIO: a failing disk cannot be produced here."""
+    staged, live = pair
+    before = {staged: _state(staged), live: _state(live)}
+    _directory_fsync_fails_with(monkeypatch, errno.EIO)
+    exchange_fn = _unsupported(errno.EINVAL) if fallback else None
+
+    with pytest.raises(OSError) as raised:
+        swap.exchange(staged, live, exchange_fn=exchange_fn)
+
+    assert raised.value.errno == errno.EIO
     _assert_original(staged, live, before)
 
 
