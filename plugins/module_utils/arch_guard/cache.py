@@ -16,10 +16,9 @@ This module is on the path every task of a step takes; it imports only what that
 from __future__ import annotations
 
 import _stat
-import fcntl
 import posix
-import time
 
+from ..common import lockwait
 from .decision import Decision
 from .lean_os import fsdecode, fsencode
 from .settings import scratch_dir
@@ -41,7 +40,9 @@ _COMPONENT_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwx
 _OPEN_FLAGS = posix.O_NOFOLLOW | posix.O_CLOEXEC | posix.O_NONBLOCK
 # The lock wait polls: 64 tasks of a step wait together for one decision of ~0.5 s, and
 # the polls cost each waiting task well under 1 ms of CPU (measured), no reason for a timer.
-_POLL_SECONDS = (0.001, 0.002, 0.005, 0.01, 0.02)
+# Shorter pauses than the state lock's: a waiting task starts late by at most the cap.
+_FIRST_PAUSE = 0.001
+_LONGEST_PAUSE = 0.02
 
 
 class Untrusted(Exception):
@@ -178,17 +179,9 @@ class StepCache:
 
 def _flock_until(fd: int, deadline) -> bool:
     """Take an exclusive flock on ``fd``; False when the deadline passes first."""
-    polls = iter(_POLL_SECONDS)
-    pause = 0.0
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if deadline.remaining() <= 0:
-                return False
-            pause = next(polls, pause)
-            time.sleep(min(pause, deadline.remaining()))
+    return lockwait.poll(
+        lambda: lockwait.try_flock(fd), deadline, first_pause=_FIRST_PAUSE, longest_pause=_LONGEST_PAUSE
+    )
 
 
 def _field(text: str) -> bytes:
