@@ -15,10 +15,10 @@ import errno
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 
-from ..common import errors
+from ..common import errors, proc
+from ..common.deadline import Deadline, DeadlineExceeded
 from . import backends, easybuild, fsutil, mountinfo
 
 # Filesystems that several nodes mount at once: there, whether the lock excludes other nodes
@@ -63,18 +63,14 @@ def max_user_namespaces():
 def easybuild_version(eb):
     """``(major, minor, patch)`` of ``eb --version``, or None when it does not run."""
     try:
-        done = subprocess.run(
+        done = proc.run_child(
             [eb, "--version"],
             env=easybuild.with_own_python(dict(os.environ), eb),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=_EB_TIMEOUT,
-            check=False,
+            deadline=Deadline(_EB_TIMEOUT),
         )
-    except (OSError, subprocess.TimeoutExpired):
+    except (OSError, DeadlineExceeded):
         return None
-    found = EB_VERSION_PATTERN.search(done.stdout)
+    found = EB_VERSION_PATTERN.search(done.stdout.decode("utf-8", "replace"))
     return tuple(int(part) for part in found.groups()) if found else None
 
 
