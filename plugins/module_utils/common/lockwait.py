@@ -47,20 +47,18 @@ def try_flock(fd: int) -> bool:
     flock belongs to the open file description: another open of the same file, in this
     process or another on this kernel, holds it against this one.
     """
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as err:
-        if is_contention(err):
-            return False
-        raise
-    return True
+    return _try(fcntl.flock, fd)
 
 
 def try_record_lock(fd: int) -> bool:
     """One exclusive POSIX record lock (``lockf``, F_SETLK) on ``fd``: True when taken, False
     when another process holds a conflicting one. ``fd`` must be open for writing (EBADF)."""
+    return _try(fcntl.lockf, fd)
+
+
+def _try(lock: Callable[[int, int], object], fd: int) -> bool:
     try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as err:
         if is_contention(err):
             return False

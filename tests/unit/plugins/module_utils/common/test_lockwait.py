@@ -114,12 +114,18 @@ def test_try_flock_answers_false_at_once_while_another_open_holds_it(lock_file, 
         os.close(holder)
 
 
-def test_try_flock_answers_false_while_another_process_holds_it(open_fd, held_by_child):
-    release = held_by_child("flock")
+TRIES = {"flock": lockwait.try_flock, "lockf": lockwait.try_record_lock}
 
-    assert lockwait.try_flock(open_fd) is False
+
+@pytest.mark.parametrize(("kind", "try_lock"), TRIES.items(), ids=TRIES)
+def test_a_try_answers_false_while_another_process_holds_the_lock_and_true_after(
+    open_fd, held_by_child, kind, try_lock
+):
+    release = held_by_child(kind)
+
+    assert try_lock(open_fd) is False
     release()
-    assert lockwait.try_flock(open_fd) is True
+    assert try_lock(open_fd) is True
 
 
 def test_try_flock_raises_a_failure_that_is_not_contention(tmp_path):
@@ -153,14 +159,6 @@ def test_try_record_lock_takes_a_free_lock_and_a_child_then_cannot(lock_file, op
         check=True,
     )
     assert int(probe.stdout) in (errno.EACCES, errno.EAGAIN)
-
-
-def test_try_record_lock_answers_false_while_another_process_holds_it(open_fd, held_by_child):
-    release = held_by_child("lockf")
-
-    assert lockwait.try_record_lock(open_fd) is False
-    release()
-    assert lockwait.try_record_lock(open_fd) is True
 
 
 def test_try_record_lock_on_a_descriptor_not_open_for_writing_raises_ebadf(lock_file):

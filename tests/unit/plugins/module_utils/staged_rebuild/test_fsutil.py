@@ -20,6 +20,7 @@ import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import fsutil
+from tests.injected import directory_fsync_fails_with
 
 
 def _tree(path, payload):
@@ -143,22 +144,10 @@ def test_fsync_dir_of_a_filesystem_that_cannot_sync_directories_returns_quietly(
     assert _open_fds() == before
 
 
-def _directory_fsync_fails_with(monkeypatch, err):
-    """``os.fsync`` of a directory fails with ``err``; files are flushed as usual."""
-    real_fsync = os.fsync
-
-    def fsync(fd):
-        if stat.S_ISDIR(os.fstat(fd).st_mode):
-            raise OSError(err, os.strerror(err))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-
-
 def test_fsync_dir_takes_eopnotsupp_as_a_filesystem_that_does_not_sync_directories(tmp_path, monkeypatch):
     """Injected: no filesystem mountable here answers EOPNOTSUPP to a directory fsync (tmpfs,
     ext4, overlay and bindfs flush; procfs and sysfs say EINVAL, tested above for real)."""
-    _directory_fsync_fails_with(monkeypatch, errno.EOPNOTSUPP)
+    directory_fsync_fails_with(monkeypatch, errno.EOPNOTSUPP)
     before = _open_fds()
 
     assert fsutil.fsync_dir(tmp_path) is None
@@ -169,7 +158,7 @@ def test_fsync_dir_takes_eopnotsupp_as_a_filesystem_that_does_not_sync_directori
 @pytest.mark.parametrize("err", [errno.EIO, errno.EROFS, errno.ENOSPC, errno.EDQUOT], ids=errno.errorcode.get)
 def test_fsync_dir_raises_a_flush_that_was_tried_and_failed(tmp_path, monkeypatch, err):
     """Injected: a failing disk or an aborted ext4 journal cannot be produced here."""
-    _directory_fsync_fails_with(monkeypatch, err)
+    directory_fsync_fails_with(monkeypatch, err)
     before = _open_fds()
 
     with pytest.raises(OSError) as raised:
@@ -400,7 +389,7 @@ def test_a_failed_directory_fsync_after_the_replace_is_raised_with_the_new_file_
 ):
     """Injected: a directory fsync that fails (EIO) cannot be produced here."""
     (tmp_path / "state").write_bytes(b"old")
-    _directory_fsync_fails_with(monkeypatch, errno.EIO)
+    directory_fsync_fails_with(monkeypatch, errno.EIO)
 
     with pytest.raises(OSError) as raised, fsutil.durable_replace(tmp_path / "state") as stream:
         stream.write(b"new")
@@ -412,7 +401,7 @@ def test_a_failed_directory_fsync_after_the_replace_is_raised_with_the_new_file_
 
 def test_a_directory_that_cannot_sync_directories_still_gets_the_new_file(tmp_path, monkeypatch):
     """Injected EINVAL: the filesystems that answer it for real (procfs, sysfs) hold no files of ours."""
-    _directory_fsync_fails_with(monkeypatch, errno.EINVAL)
+    directory_fsync_fails_with(monkeypatch, errno.EINVAL)
 
     with fsutil.durable_replace(tmp_path / "state") as stream:
         stream.write(b"new")

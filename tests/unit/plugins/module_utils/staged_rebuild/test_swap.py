@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 import tempfile
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import fsutil, swap
+from tests.injected import directory_fsync_fails_with
 from tests.trees import make_tree as _tree
 from tests.trees import tree_state as _state
 
@@ -399,18 +399,6 @@ def test_an_injected_sync_failure_after_the_fallback_swaps_back(pair):
 # a filesystem that does not sync directories
 
 
-def _directory_fsync_fails_with(monkeypatch, err):
-    """``os.fsync`` of a directory fails with ``err``; files are flushed as usual."""
-    real_fsync = os.fsync
-
-    def fsync(fd):
-        if stat.S_ISDIR(os.fstat(fd).st_mode):
-            raise OSError(err, os.strerror(err))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-
-
 @pytest.mark.parametrize("fallback", [False, True], ids=["exchange", "fallback"])
 def test_a_finished_swap_stands_where_the_filesystem_cannot_sync_directories(pair, monkeypatch, fallback):
     """Injected EINVAL: the filesystems that answer it for real (procfs, sysfs; see test_fsutil)
@@ -418,7 +406,7 @@ def test_a_finished_swap_stands_where_the_filesystem_cannot_sync_directories(pai
     bindfs) flushes directories."""
     staged, live = pair
     before = {staged: _state(staged), live: _state(live)}
-    _directory_fsync_fails_with(monkeypatch, errno.EINVAL)
+    directory_fsync_fails_with(monkeypatch, errno.EINVAL)
     exchange_fn = _unsupported(errno.EINVAL) if fallback else None
 
     method = swap.exchange(staged, live, exchange_fn=exchange_fn)
@@ -434,7 +422,7 @@ def test_a_directory_fsync_that_fails_with_eio_still_swaps_back(pair, monkeypatc
     """Injected EIO: a failing disk cannot be produced here."""
     staged, live = pair
     before = {staged: _state(staged), live: _state(live)}
-    _directory_fsync_fails_with(monkeypatch, errno.EIO)
+    directory_fsync_fails_with(monkeypatch, errno.EIO)
     exchange_fn = _unsupported(errno.EINVAL) if fallback else None
 
     with pytest.raises(OSError) as raised:
