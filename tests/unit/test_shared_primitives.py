@@ -62,13 +62,19 @@ def test_the_only_loop_that_sleeps_until_something_happens_is_the_lock_poll():
     assert sleeping_loops == ["common/lockwait.py"]
 
 
-def test_non_blocking_lock_calls_are_made_only_by_the_try_lock_helper():
-    assert _files_calling("lockf") == ["common/lockwait.py"]
-    # flock(LOCK_UN) releases are everyone's; a try (LOCK_NB) is lockwait's.
-    trying = sorted(
-        path for path, tree in _trees() for call in _calls(tree, "flock") if "LOCK_NB" in ast.dump(call)
+def _files_naming(attribute):
+    """Files that name ``x.attribute`` (a call, or the function passed on)."""
+    return sorted(
+        path
+        for path, tree in _trees()
+        if any(isinstance(node, ast.Attribute) and node.attr == attribute for node in ast.walk(tree))
     )
-    assert trying == ["common/lockwait.py"]
+
+
+def test_non_blocking_lock_tries_are_made_only_by_the_try_lock_helper():
+    # flock(LOCK_UN) releases are everyone's; a try (LOCK_NB) and POSIX record locks are lockwait's.
+    assert _files_naming("LOCK_NB") == ["common/lockwait.py"]
+    assert _files_naming("lockf") == ["common/lockwait.py"]
 
 
 def test_no_module_makes_its_own_temporary_file_for_a_replace():
