@@ -23,6 +23,12 @@ from .decision import Decision
 from .lean_os import fsdecode, fsencode
 from .settings import scratch_dir
 
+TYPE_CHECKING = False  # type checkers take this as True; nothing more is imported at run time
+if TYPE_CHECKING:
+    from typing import Optional
+
+    from ..common.deadline import Deadline
+
 PREFIX = ".eessi-arch-guard"
 # What the decision depends on, besides the node, the step and the output mode.
 DIGEST_NAMES = (
@@ -116,7 +122,7 @@ class StepCache:
     def __init__(self, path: str) -> None:
         self.path = path
         self.lock_path = path + ".lock"
-        self._lock_fd = None
+        self._lock_fd: Optional[int] = None
 
     def lock(self, deadline) -> None:
         """Take the step's lock, waiting at most until ``deadline``.
@@ -177,7 +183,7 @@ class StepCache:
             raise
 
 
-def _flock_until(fd: int, deadline) -> bool:
+def _flock_until(fd: int, deadline: Deadline) -> bool:
     """Take an exclusive flock on ``fd``; False when the deadline passes first."""
     return lockwait.poll(
         lambda: lockwait.try_flock(fd), deadline, first_pause=_FIRST_PAUSE, longest_pause=_LONGEST_PAUSE

@@ -101,8 +101,10 @@ def run_child(
         # Inside the try: a SIGTERM held meanwhile arrives here, and finds the group to kill.
         release_sigterm(mask)
         stdout, stderr = _collect(child, deadline, output_fd, on_line)
-    except subprocess.TimeoutExpired:
+    except (subprocess.TimeoutExpired, _Overdue):
         _kill_group(child)
+        if deadline is None:  # only a deadline times out: anything else is a bug to show
+            raise
         raise DeadlineExceeded(f"{argv[0]} still running after {deadline.seconds:g} s") from None
     except BaseException:
         _kill_group(child)
@@ -118,8 +120,10 @@ def _collect(
 ) -> Tuple[bytes, bytes]:
     """Wait for ``child`` and return ``(stdout, stderr)``, empty unless captured here."""
     if on_line is not None:
-        _stream_lines(child, on_line, deadline)
-        child.stdout.close()
+        pipe = child.stdout
+        if pipe is not None:  # always: the lines come through the pipe Popen made
+            _stream_lines(pipe.fileno(), on_line, deadline)
+            pipe.close()
     elif output_fd is None:
         return child.communicate(timeout=_remaining(deadline))
     child.wait(timeout=_remaining(deadline))
@@ -150,18 +154,20 @@ def _remaining(deadline: Optional[Deadline]) -> Optional[float]:
     return None if deadline is None else deadline.remaining()
 
 
-def _stream_lines(
-    child: subprocess.Popen, on_line: Callable[[str], None], deadline: Optional[Deadline]
-) -> None:
-    """Give each line the child writes to ``on_line`` until its end of the pipe closes."""
-    fd = child.stdout.fileno()
+class _Overdue(Exception):
+    """The deadline passed while lines were streamed (``communicate`` and ``wait`` raise
+    ``TimeoutExpired`` for the same)."""
+
+
+def _stream_lines(fd: int, on_line: Callable[[str], None], deadline: Optional[Deadline]) -> None:
+    """Give each line read from ``fd`` to ``on_line`` until the child's end of the pipe closes."""
     pending = bytearray()
     while True:
         if deadline is not None:
             left = deadline.remaining()
             # Checked even when output keeps coming: a chatty child must not outrun the deadline.
             if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise subprocess.TimeoutExpired(child.args, deadline.seconds)
+                raise _Overdue
         chunk = os.read(fd, _READ_BYTES)
         if not chunk:
             break

@@ -51,7 +51,7 @@ _PROBE_TIMEOUT = 30
 BWRAP_PROBE = ("bwrap", "--dev-bind", "/", "/", "true")
 
 
-def probe_bwrap():
+def probe_bwrap() -> bool:
     """Does bubblewrap run here, for this user (``bwrap --dev-bind / / true``)?"""
     try:
         done = proc.run_child(BWRAP_PROBE, env=None, deadline=Deadline(_PROBE_TIMEOUT))
@@ -60,7 +60,7 @@ def probe_bwrap():
     return done.returncode == 0
 
 
-def probe_userns():
+def probe_userns() -> bool:
     """Can this user make the userns backend's sandbox: a read-only bind whose write fails with EROFS?"""
     scratch = tempfile.mkdtemp(prefix="eb-staged-rebuild-userns-")
     spec = {"read_only": [scratch], "writable": [], "views": [], "probe": [scratch]}

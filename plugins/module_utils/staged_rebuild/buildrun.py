@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+from typing import Callable, Mapping, Optional, Sequence
 
 from ..common import errors, proc
 
@@ -48,7 +49,13 @@ def _child_setup(setup, report_fd):
     return run_setup
 
 
-def run(argv, env, run_dir, progress, setup=None) -> str:
+def run(
+    argv: Sequence[str],
+    env: Optional[Mapping[str, str]],
+    run_dir: str,
+    progress: Callable[[str], None],
+    setup: Optional[Callable[[], None]] = None,
+) -> str:
     """Run ``argv``; stream step lines to ``progress``; return the log's path.
 
     Raises ``PublishError`` naming the log when the build fails, or when ``setup`` failed;
@@ -56,10 +63,12 @@ def run(argv, env, run_dir, progress, setup=None) -> str:
     """
     log_path = os.path.join(run_dir, BUILD_LOG)
     report_read, report_write = os.pipe()
+    # Each end is closed by the finally below unless it has been closed or handed on.
+    open_ends = {report_read, report_write}
     try:
         with open(log_path, "w", encoding="utf-8") as log:
 
-            def on_line(line):
+            def on_line(line: str) -> None:
                 log.write(line)
                 if _is_step_line(line):
                     progress(line.rstrip("\n"))
@@ -75,14 +84,13 @@ def run(argv, env, run_dir, progress, setup=None) -> str:
         # The build has exited, and its copy of the report pipe with it (close-on-exec, or the
         # set-up's _exit): once ours is closed the read ends at what it reported, if anything.
         os.close(report_write)
-        report_write = None
+        open_ends.discard(report_write)
         with os.fdopen(report_read, "rb") as report:
-            report_read = None
+            open_ends.discard(report_read)
             setup_error = report.read().decode("utf-8", "replace")
     finally:
-        for fd in (report_read, report_write):
-            if fd is not None:
-                os.close(fd)
+        for fd in open_ends:
+            os.close(fd)
     if setup_error:
         raise errors.PublishError(f"the build sandbox failed: {setup_error}; nothing was built or swapped")
     if result.returncode != 0:

@@ -17,7 +17,7 @@ import json
 import os
 import platform
 import stat
-from typing import IO, Any, Iterator, Optional, Tuple
+from typing import IO, Any, Callable, Iterator, List, Optional, Tuple
 
 from ..common import errors
 
@@ -28,7 +28,7 @@ _AT_FDCWD = -100
 # renameat2 syscall numbers, for a C library older than glibc 2.28 that lacks the wrapper.
 _SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276, "ppc64le": 357, "riscv64": 276}
 
-_renameat2_cache = []
+_renameat2_cache: List[Optional[Callable[..., int]]] = []
 
 
 def _syscall_renameat2(libc, number):

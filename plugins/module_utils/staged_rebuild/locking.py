@@ -18,10 +18,10 @@ Protocol (the design's "Lock, resume, rollback, and collection"):
 
 Both waits poll with backoff against one deadline, ``timeout`` seconds after the start
 (``common.lockwait``, whose contention errnos are filelock's); ``timeout=0`` tries once,
-``None`` waits without limit. Neither file is ever unlinked: a
-waiter blocked on the old inode and a newcomer on a new one would both "hold" the lock
-(filelock's ``_unix.py`` rule). Both are opened with ``O_NOFOLLOW``, so a symbolic link
-planted at either name is refused instead of creating or locking its target.
+``None`` waits without limit. Neither file is ever unlinked: a waiter blocked on the old
+inode and a newcomer on a new one would both "hold" the lock (filelock's ``_unix.py``
+rule). Both are opened with ``O_NOFOLLOW``, so a symbolic link planted at either name is
+refused instead of creating or locking its target.
 
 The hazard this module guards against: the kernel drops ALL of a process's POSIX locks on a
 file when the process closes ANY descriptor of that file, however it was opened (another
@@ -52,6 +52,7 @@ import fcntl
 import math
 import os
 import stat
+from typing import Callable, Dict, List, Tuple
 
 from ..common import errors, lockwait
 from ..common.deadline import Deadline
@@ -64,8 +65,8 @@ _HOLDER_BYTES = 512
 
 # (st_dev, st_ino) of a sidecar -> the StateLock of this process that holds it. Only the
 # holder of the matching flock adds or removes its key, so no thread lock is needed.
-_held = {}
-_fork_hook = []
+_held: Dict[Tuple[int, int], StateLock] = {}
+_fork_hook: List[Callable[[], None]] = []
 
 
 def refuse_held_sidecar(path):
@@ -139,11 +140,11 @@ def _install_fork_hook():
         _fork_hook.append(_forget_in_child)
 
 
-def _attempt(take, fd, what):
+def _attempt(take: Callable[[int], bool], fd: int, what: str) -> Callable[[], bool]:
     """One try of ``take`` (``lockwait.try_flock`` or ``try_record_lock``) for ``lockwait.poll``;
     a failure other than contention becomes ``LockError`` naming ``what`` was tried."""
 
-    def attempt():
+    def attempt() -> bool:
         try:
             return take(fd)
         except OSError as err:

@@ -88,10 +88,10 @@ def _hold(marker, host, hold_seconds):
     return found
 
 
-def _meet(ready_dir, participants, wait_seconds):
+def _meet(ready_dir: str, participants: int, wait_seconds: float) -> None:
     arrived = [0]
 
-    def everyone_is_there():
+    def everyone_is_there() -> bool:
         arrived[0] = len(os.listdir(ready_dir))
         return arrived[0] >= participants
 

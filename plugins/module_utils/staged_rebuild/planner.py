@@ -19,6 +19,7 @@ import glob
 import json
 import os
 import stat
+from typing import Mapping, Optional
 
 from ..common import errors, proc
 from . import fsutil, modulefile, paths
@@ -139,7 +140,7 @@ def _staged_class_links(generation, entry):
     return links
 
 
-def _run_prepare(prepare: str, env, run_dir: str) -> None:
+def _run_prepare(prepare: str, env: Optional[Mapping[str, str]], run_dir: str) -> None:
     """Run the ``--prepare`` command line with ``sh -c``; refuse the plan when it fails.
 
     Its stdout and stderr go to ``prepare.log`` in the run's directory, never to the tool's

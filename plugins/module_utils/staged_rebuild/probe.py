@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import tempfile
+from typing import Optional, Tuple
 
 from ..common import errors, proc
 from ..common.deadline import Deadline, DeadlineExceeded
@@ -60,7 +61,7 @@ def max_user_namespaces():
         return None
 
 
-def easybuild_version(eb):
+def easybuild_version(eb: str) -> Optional[Tuple[int, ...]]:
     """``(major, minor, patch)`` of ``eb --version``, or None when it does not run."""
     try:
         done = proc.run_child(
