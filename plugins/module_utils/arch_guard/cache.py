@@ -16,13 +16,18 @@ This module is on the path every task of a step takes; it imports only what that
 from __future__ import annotations
 
 import _stat
-import fcntl
 import posix
-import time
 
+from ..common import lockwait
 from .decision import Decision
 from .lean_os import fsdecode, fsencode
 from .settings import scratch_dir
+
+TYPE_CHECKING = False  # type checkers take this as True; nothing more is imported at run time
+if TYPE_CHECKING:
+    from typing import Optional
+
+    from ..common.deadline import Deadline
 
 PREFIX = ".eessi-arch-guard"
 # What the decision depends on, besides the node, the step and the output mode.
@@ -41,7 +46,9 @@ _COMPONENT_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwx
 _OPEN_FLAGS = posix.O_NOFOLLOW | posix.O_CLOEXEC | posix.O_NONBLOCK
 # The lock wait polls: 64 tasks of a step wait together for one decision of ~0.5 s, and
 # the polls cost each waiting task well under 1 ms of CPU (measured), no reason for a timer.
-_POLL_SECONDS = (0.001, 0.002, 0.005, 0.01, 0.02)
+# Shorter pauses than the state lock's: a waiting task starts late by at most the cap.
+_FIRST_PAUSE = 0.001
+_LONGEST_PAUSE = 0.02
 
 
 class Untrusted(Exception):
@@ -115,7 +122,7 @@ class StepCache:
     def __init__(self, path: str) -> None:
         self.path = path
         self.lock_path = path + ".lock"
-        self._lock_fd = None
+        self._lock_fd: Optional[int] = None
 
     def lock(self, deadline) -> None:
         """Take the step's lock, waiting at most until ``deadline``.
@@ -176,19 +183,11 @@ class StepCache:
             raise
 
 
-def _flock_until(fd: int, deadline) -> bool:
+def _flock_until(fd: int, deadline: Deadline) -> bool:
     """Take an exclusive flock on ``fd``; False when the deadline passes first."""
-    polls = iter(_POLL_SECONDS)
-    pause = 0.0
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if deadline.remaining() <= 0:
-                return False
-            pause = next(polls, pause)
-            time.sleep(min(pause, deadline.remaining()))
+    return lockwait.poll(
+        lambda: lockwait.try_flock(fd), deadline, first_pause=_FIRST_PAUSE, longest_pause=_LONGEST_PAUSE
+    )
 
 
 def _field(text: str) -> bytes:

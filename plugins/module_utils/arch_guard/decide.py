@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import re
 
-from ..common.deadline import Deadline, DeadlineExceeded, Terminated
+from ..common.deadline import Deadline, DeadlineExceeded
+from ..common.errors import Terminated
 from . import archdetect, emit, envdelta, restore, settings
 from .decision import (
     ARCHDETECT_FAILED,

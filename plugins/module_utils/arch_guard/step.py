@@ -10,7 +10,8 @@ finished it is held, so the decision is still published and written out.
 
 from __future__ import annotations
 
-from ..common.deadline import Deadline, Terminated, hold_sigterm, raise_on_sigterm
+from ..common.deadline import Deadline, hold_sigterm, raise_on_sigterm
+from ..common.errors import Terminated
 from . import cache, settings
 from .decision import TERMINATED, TIMEOUT, is_interrupted
 

@@ -4,6 +4,7 @@
 
 Kept apart from ``proc`` and free of ``signal`` (whose enums cost several milliseconds to
 import): the guard's cached-decision path runs in every task of a step and imports this.
+``Terminated`` is ``errors.Terminated``, the one class both commands raise for SIGTERM.
 """
 
 from __future__ import annotations
@@ -11,15 +12,13 @@ from __future__ import annotations
 import _signal
 import time
 
+from .errors import Terminated
+
 SIGTERM = _signal.SIGTERM
 
 
 class DeadlineExceeded(Exception):
     """The deadline passed; whatever ran on its time was stopped."""
-
-
-class Terminated(Exception):
-    """SIGTERM arrived; raised where the process was, so that clean-up code runs."""
 
 
 class Deadline:

@@ -77,3 +77,15 @@ class PublishError(HpcstackError):
     """A transaction step failed; what had been done was reversed before this was raised."""
 
     kind = "publish_failed"
+
+
+class Terminated(HpcstackError):
+    """SIGTERM arrived; raised where the process was, so that clean-up code runs.
+
+    The one class for both commands: the staged tool reverses the completed steps of its
+    transaction, the guard kills its children's process groups and removes its work
+    directory. It lives here because this module imports nothing, so the guard's
+    cached-decision path can import it at no cost.
+    """
+
+    kind = "terminated"

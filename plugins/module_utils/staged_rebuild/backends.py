@@ -35,7 +35,8 @@ import shutil
 import subprocess
 import tempfile
 
-from ..common import errors
+from ..common import errors, proc
+from ..common.deadline import Deadline, DeadlineExceeded
 from ..common.errors import setting
 from . import bwrapinfo, easybuild, sandbox
 
@@ -51,31 +52,28 @@ _PROBE_TIMEOUT = 30
 BWRAP_PROBE = ("bwrap", "--dev-bind", "/", "/", "true")
 
 
-def probe_bwrap():
+def probe_bwrap() -> bool:
     """Does bubblewrap run here, for this user (``bwrap --dev-bind / / true``)?"""
     try:
-        done = subprocess.run(
-            BWRAP_PROBE, stdin=subprocess.DEVNULL, capture_output=True, timeout=_PROBE_TIMEOUT, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        done = proc.run_child(BWRAP_PROBE, env=None, deadline=Deadline(_PROBE_TIMEOUT))
+    except (OSError, DeadlineExceeded):
         return False
     return done.returncode == 0
 
 
-def probe_userns():
+def probe_userns() -> bool:
     """Can this user make the userns backend's sandbox: a read-only bind whose write fails with EROFS?"""
     scratch = tempfile.mkdtemp(prefix="eb-staged-rebuild-userns-")
     spec = {"read_only": [scratch], "writable": [], "views": [], "probe": [scratch]}
     try:
-        done = subprocess.run(
+        done = proc.run_child(
             [shutil.which("true", path=os.defpath) or "/bin/true"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=_PROBE_TIMEOUT,
-            check=False,
-            preexec_fn=lambda: sandbox.enter(spec),  # the tool runs one thread
+            env=None,
+            deadline=Deadline(_PROBE_TIMEOUT),
+            preexec=lambda: sandbox.enter(spec),  # the tool runs one thread
         )
-    except (OSError, subprocess.SubprocessError):
+    except (OSError, subprocess.SubprocessError, DeadlineExceeded):
+        # SubprocessError: the sandbox's set-up raised in the child, before exec.
         return False
     finally:
         os.rmdir(scratch)

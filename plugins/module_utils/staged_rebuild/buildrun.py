@@ -2,26 +2,25 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Run EasyBuild: stream its step lines, keep its whole output, and never leave it behind.
 
-EasyBuild runs in a session of its own, so that everything it started (its bubblewrap, the
-build's compilers) is one process group: when the caller stops (SIGTERM, an error), the group
-is killed before the exception travels on, and no build keeps writing after the run ended.
+EasyBuild runs through ``common.proc.run_child``, in a session of its own, so that everything
+it started (its bubblewrap, the build's compilers) is one process group: when the caller stops
+(SIGTERM, an error), the group is killed before the exception travels on, and no build keeps
+writing after the run ended.
 A sandbox is set up in the child between fork and exec (``setup``); when that fails, the
 child reports why through a pipe of its own and exits without running EasyBuild.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import signal
-import subprocess
+from typing import Callable, Mapping, Optional, Sequence
 
-from ..common import errors
+from ..common import errors, proc
 
 BUILD_LOG = "build.log"
 SETUP_FAILED = 125
-_KILL_WAIT_SECONDS = 10
 _PR_SET_PDEATHSIG = 1
 
 
@@ -50,60 +49,52 @@ def _child_setup(setup, report_fd):
     return run_setup
 
 
-def _kill_group(proc):
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=_KILL_WAIT_SECONDS)
-
-
-def run(argv, env, run_dir, progress, setup=None):
+def run(
+    argv: Sequence[str],
+    env: Optional[Mapping[str, str]],
+    run_dir: str,
+    progress: Callable[[str], None],
+    setup: Optional[Callable[[], None]] = None,
+) -> str:
     """Run ``argv``; stream step lines to ``progress``; return the log's path.
 
-    Raises ``PublishError`` naming the log when the build fails, or when ``setup`` failed.
+    Raises ``PublishError`` naming the log when the build fails, or when ``setup`` failed;
+    ``UsageError`` when ``argv[0]`` cannot be started.
     """
     log_path = os.path.join(run_dir, BUILD_LOG)
     report_read, report_write = os.pipe()
+    # Each end is closed by the finally below unless it has been closed or handed on.
+    open_ends = {report_read, report_write}
     try:
         with open(log_path, "w", encoding="utf-8") as log:
+
+            def on_line(line: str) -> None:
+                log.write(line)
+                if _is_step_line(line):
+                    progress(line.rstrip("\n"))
+
             try:
-                proc = subprocess.Popen(
-                    argv,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                    errors="replace",
-                    close_fds=True,
-                    start_new_session=True,
-                    preexec_fn=_child_setup(setup, report_write),  # noqa: PLW1509 - one thread
+                result = proc.run_child(
+                    argv, env=env, on_line=on_line, preexec=_child_setup(setup, report_write)
                 )
             except OSError as err:
+                if err.filename != argv[0]:
+                    raise  # not the exec: the log could not be written, say
                 raise errors.UsageError(f"cannot run {argv[0]}: {err.strerror}") from None
-            os.close(report_write)
-            report_write = None
-            with proc:
-                try:
-                    for line in proc.stdout:
-                        log.write(line)
-                        if _is_step_line(line):
-                            progress(line.rstrip("\n"))
-                    proc.wait()
-                except BaseException:
-                    _kill_group(proc)
-                    raise
+        # The build has exited, and its copy of the report pipe with it (close-on-exec, or the
+        # set-up's _exit): once ours is closed the read ends at what it reported, if anything.
+        os.close(report_write)
+        open_ends.discard(report_write)
         with os.fdopen(report_read, "rb") as report:
-            report_read = None
+            open_ends.discard(report_read)
             setup_error = report.read().decode("utf-8", "replace")
     finally:
-        for fd in (report_read, report_write):
-            if fd is not None:
-                os.close(fd)
+        for fd in open_ends:
+            os.close(fd)
     if setup_error:
         raise errors.PublishError(f"the build sandbox failed: {setup_error}; nothing was built or swapped")
-    if proc.returncode != 0:
+    if result.returncode != 0:
         raise errors.PublishError(
-            f"EasyBuild failed (exit {proc.returncode}); nothing was swapped; its log is {log_path}"
+            f"EasyBuild failed (exit {result.returncode}); nothing was swapped; its log is {log_path}"
         )
     return log_path

@@ -23,12 +23,8 @@ from .journal import RunKind, RunState
 FAILURES = (errors.HpcstackError, OSError)
 
 
-class Terminated(errors.HpcstackError):
-    """SIGTERM arrived; raised so that the transaction's reversal runs."""
-
-
 def _raise_terminated(signum, frame):
-    raise Terminated(f"terminated by signal {signum}; completed steps were reversed")
+    raise errors.Terminated(f"terminated by signal {signum}; completed steps were reversed")
 
 
 @contextlib.contextmanager

@@ -1,12 +1,15 @@
 # Copyright: hpcstack.ops contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filesystem primitives shared by the staged rebuild and the guard.
+"""Filesystem primitives of the staged rebuild: the directory exchange, durable replaces of
+files (``durable_replace`` and its two thin users), ``O_NOFOLLOW`` opens, symlink checks and
+the live-change record.
 
 Standard library only; nothing runs at import time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import hashlib
@@ -14,7 +17,7 @@ import json
 import os
 import platform
 import stat
-import tempfile
+from typing import IO, Any, Callable, Iterator, List, Optional, Tuple
 
 from ..common import errors
 
@@ -25,7 +28,7 @@ _AT_FDCWD = -100
 # renameat2 syscall numbers, for a C library older than glibc 2.28 that lacks the wrapper.
 _SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276, "ppc64le": 357, "riscv64": 276}
 
-_renameat2_cache = []
+_renameat2_cache: List[Optional[Callable[..., int]]] = []
 
 
 def _syscall_renameat2(libc, number):
@@ -80,15 +83,35 @@ def rename_exchange(path_a, path_b):
         raise OSError(err, os.strerror(err), path_a, None, path_b)
 
 
-def fsync_dir(path):
+# What a filesystem answers when it has no way to flush a directory: nothing was tried, so
+# nothing failed (see fsync_dir). ENOTSUP and EOPNOTSUPP are one value on Linux, two elsewhere.
+DIR_SYNC_UNSUPPORTED = frozenset({errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP})
+
+
+def fsync_dir(path) -> None:
     """Flush the directory ``path`` itself, so that renames and creations in it survive a crash.
 
     ``fsync`` of a file makes its bytes durable, not the name that points at it; only an
-    ``fsync`` of the directory commits the entry. Raises ``OSError`` (``ENOTDIR`` for a file).
+    ``fsync`` of the directory commits the entry.
+
+    The rule for filesystems that refuse (borg's ``sync_dir``, widened by one errno):
+    ``EINVAL`` is what Linux answers when a directory has no fsync operation at all (procfs
+    and sysfs; borg names network filesystems that do it; bindfs, measured, flushes), and
+    ``EOPNOTSUPP``/``ENOTSUP`` is a filesystem or its daemon saying the same in other words.
+    Nothing was tried, so nothing failed: the entry is as durable as that filesystem makes
+    it, and no retry or undo can do better, so these return quietly instead of raising.
+    Every other errno is raised, since the flush was tried and may not have happened:
+    ``EIO``, ``ENOSPC`` and ``EDQUOT`` are lost writeback, and ``EROFS`` is what ext4
+    answers once its journal has aborted (``errors=remount-ro``), which is exactly when a
+    rename may not be on disk. Opening
+    ``path`` raises ``OSError`` as usual (``ENOTDIR`` for a file, ``ENOENT``).
     """
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
+    except OSError as err:
+        if err.errno not in DIR_SYNC_UNSUPPORTED:
+            raise
     finally:
         os.close(fd)
 
@@ -119,61 +142,108 @@ def _refuse_symlink(path, what):
         raise errors.UsageError(f"{what} {os.fspath(path)} is a symbolic link; refusing to replace it")
 
 
-def atomic_write(path, data, mode=0o644):
-    """Replace the file ``path`` with ``data`` (bytes) so that a reader or a crash sees either
-    the old contents or the new, never a mix, an empty file, or a file without its mode.
+# O_EXCL with O_NOFOLLOW: a name that exists, even as a dangling symlink or a FIFO, is never
+# opened; O_CLOEXEC: no child (a --prepare program, EasyBuild) inherits the half-written file.
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_TEMP_ATTEMPTS = 8
+# Room for the dot, the random part and ".tmp" within a file name of 255 bytes.
+_TEMP_STEM_CHARS = 64
 
-    The order is borg's (``platform/base.py``), and every step is there for a reason:
 
-    1. ``tempfile.mkstemp`` in the directory of ``path``. The same directory keeps the final
-       ``os.replace`` a rename within one filesystem, which is atomic. The name is random and
-       created with ``O_EXCL``: a fixed name such as ``path + ".tmp"`` could be created in
-       advance as a hard link to another file, which this write would then overwrite.
-    2. Write all of ``data`` and flush Python's buffer into the kernel.
-    3. ``fchmod`` to ``mode`` (``mkstemp`` creates 0600, and the umask does not apply), done
-       before the ``fsync`` so that the mode is made durable together with the bytes; a
-       ``chmod`` after the ``fsync`` could be lost in a crash and leave 0600 in place.
+def _create_temp(directory: str, name: str) -> Tuple[int, str]:
+    """Create an unused, unpredictable name in ``directory``: (descriptor, path), mode 0600."""
+    for _attempt in range(_TEMP_ATTEMPTS):
+        temp = os.path.join(directory, f".{name[:_TEMP_STEM_CHARS]}.{os.urandom(8).hex()}.tmp")
+        try:
+            return os.open(temp, _TEMP_FLAGS, 0o600), temp
+        except FileExistsError:
+            continue  # 64 random bits taken already: someone is filling the directory; try again
+    raise FileExistsError(errno.EEXIST, f"no unused temporary name for {name} in {directory}")
+
+
+@contextlib.contextmanager
+def durable_replace(
+    path, mode: Optional[int] = 0o644, *, text: bool = False, encoding: str = "utf-8"
+) -> Iterator[IO[Any]]:
+    """``with durable_replace(path) as stream:`` write the new contents of ``path`` to ``stream``;
+    at the end of the block they replace the file, so that a reader or a crash sees either the
+    old contents or the new, never a mix, an empty file, or a file without its mode.
+
+    The order is borg's (``platform/base.py``, ``SaveFile``), and every step is there for a
+    reason:
+
+    1. A temporary file beside ``path``, random and exclusive as ``mkstemp`` makes it, opened
+       ``O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC``. The same directory keeps the final
+       ``os.replace`` a rename within one filesystem, which is atomic. A fixed name such as
+       ``path + ".tmp"`` could be created in advance as a hard link to another file (which
+       this write would then overwrite), as a symlink, or as a FIFO that blocks the open; a
+       random name cannot be planted, and ``O_EXCL`` refuses whatever is found there anyway.
+    2. The block writes; at its end Python's buffer is flushed into the kernel. ``stream``
+       takes bytes, or ``str`` in ``encoding`` with ``text=True``.
+    3. ``fchmod`` to ``mode`` (the temp file is created 0600 and the umask does not apply),
+       done before the ``fsync`` so that the mode is made durable together with the bytes; a
+       ``chmod`` after the ``fsync`` could be lost in a crash and leave 0600 in place. With
+       ``mode=None`` the block sets owner, mode and attributes on ``stream.fileno()`` itself
+       (``modulefile`` keeps the replaced file's); it should ``stream.flush()`` first, since a
+       write after a ``chmod`` clears setuid and setgid bits.
     4. ``fsync`` the file: its bytes and its inode are on disk before any name points at it.
        Without this, a crash after the rename can leave ``path`` naming an empty file.
     5. ``os.replace`` onto ``path``: one rename, so readers see the old or the new inode.
-    6. ``fsync`` the directory: the rename itself is durable when this function returns,
-       which is what a journal written next relies on.
+    6. ``fsync`` the directory (``fsync_dir``, with its rule for filesystems that cannot): the
+       rename itself is durable when the block ends, which is what a journal written next
+       relies on.
 
-    On any error (or an interrupt) before the rename the temporary file is unlinked and the
-    error raised again; ``path`` is untouched. An error in step 6 is raised with the new
-    contents already in place but not known to be durable.
+    On any error up to and including the rename, raised in the block or by a step
+    (``BaseException`` too: an interrupt, ``Terminated``), the temporary file is closed and
+    unlinked and the error raised again; ``path`` is untouched. An error in step 6 is
+    raised with the new contents already in place but not known to be durable.
 
-    A symlink at ``path`` is refused with ``UsageError``: ``os.replace`` would replace the
-    link, not its target, and a link there means someone else arranged the name. Symlinks in
-    the directories above are the caller's check (``refuse_symlink_components``).
+    A symlink at ``path`` is refused with ``UsageError`` before anything is created:
+    ``os.replace`` would replace the link, not its target, and a link there means someone
+    else arranged the name. Symlinks in the directories above are the caller's check
+    (``refuse_symlink_components``).
     """
     _refuse_symlink(path, "target")
     directory, name = os.path.split(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + name + ".", suffix=".tmp", dir=directory)
-    replaced = False
+    fd, temp = _create_temp(directory, name)
     try:
-        with os.fdopen(fd, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fchmod(stream.fileno(), mode)
-            os.fsync(stream.fileno())
-        os.replace(tmp, path)
-        replaced = True
-        fsync_dir(directory)
+        stream = os.fdopen(fd, "w" if text else "wb", encoding=encoding if text else None)
     except BaseException:
-        if not replaced:
-            os.unlink(tmp)
+        os.close(fd)
+        os.unlink(temp)
         raise
+    try:
+        with stream:
+            yield stream
+            stream.flush()
+            if mode is not None:
+                os.fchmod(stream.fileno(), mode)
+            os.fsync(stream.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+    fsync_dir(directory)
 
 
-def atomic_write_json(path, obj, mode=0o644):
-    """``atomic_write`` of ``obj`` as JSON: sorted keys, indented, ending in a newline.
+def atomic_write(path, data: bytes, mode: int = 0o644) -> None:
+    """Replace the file ``path`` with ``data`` (bytes) through ``durable_replace``: the old
+    contents or the new, never a mix; ``mode`` whatever the umask. ``TypeError`` for ``str``."""
+    with durable_replace(path, mode) as stream:
+        stream.write(data)
+
+
+def atomic_write_json(path, obj, mode: int = 0o644) -> None:
+    """``durable_replace`` of ``path`` with ``obj`` as JSON: sorted keys, indented, ending in a newline.
 
     Sorted keys make two writes of the same state byte-identical, so a journal can be compared
-    and diffed; the newline keeps ``cat`` and line tools honest.
+    and diffed; the newline keeps ``cat`` and line tools honest. ``obj`` is serialised before
+    anything is created, so an object JSON cannot encode leaves no temporary file behind.
     """
     text = json.dumps(obj, sort_keys=True, indent=2) + "\n"
-    atomic_write(path, text.encode("utf-8"), mode)
+    with durable_replace(path, mode, text=True) as stream:
+        stream.write(text)
 
 
 def _components(path):

@@ -16,11 +16,12 @@ Protocol (the design's "Lock, resume, rollback, and collection"):
 4. Release runs backwards: clear the holder record, close the sidecar (closing is what drops
    a POSIX lock), then ``flock(LOCK_UN)`` and close ``.lock``.
 
-Both waits poll with backoff against one deadline, ``timeout`` seconds after the start;
-``timeout=0`` tries once, ``None`` waits without limit. Neither file is ever unlinked: a
-waiter blocked on the old inode and a newcomer on a new one would both "hold" the lock
-(filelock's ``_unix.py`` rule). Both are opened with ``O_NOFOLLOW``, so a symbolic link
-planted at either name is refused instead of creating or locking its target.
+Both waits poll with backoff against one deadline, ``timeout`` seconds after the start
+(``common.lockwait``, whose contention errnos are filelock's); ``timeout=0`` tries once,
+``None`` waits without limit. Neither file is ever unlinked: a waiter blocked on the old
+inode and a newcomer on a new one would both "hold" the lock (filelock's ``_unix.py``
+rule). Both are opened with ``O_NOFOLLOW``, so a symbolic link planted at either name is
+refused instead of creating or locking its target.
 
 The hazard this module guards against: the kernel drops ALL of a process's POSIX locks on a
 file when the process closes ANY descriptor of that file, however it was opened (another
@@ -51,22 +52,21 @@ import fcntl
 import math
 import os
 import stat
-import time
+from typing import Callable, Dict, List, Tuple
 
-from ..common import errors
+from ..common import errors, lockwait
+from ..common.deadline import Deadline
 
 LOCK_NAME = ".lock"
 SIDECAR_NAME = ".lock.posix"
 
 _OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-_FIRST_PAUSE = 0.005
-_LONGEST_PAUSE = 0.1
 _HOLDER_BYTES = 512
 
 # (st_dev, st_ino) of a sidecar -> the StateLock of this process that holds it. Only the
 # holder of the matching flock adds or removes its key, so no thread lock is needed.
-_held = {}
-_fork_hook = []
+_held: Dict[Tuple[int, int], StateLock] = {}
+_fork_hook: List[Callable[[], None]] = []
 
 
 def refuse_held_sidecar(path):
@@ -140,43 +140,17 @@ def _install_fork_hook():
         _fork_hook.append(_forget_in_child)
 
 
-def _poll(attempt, deadline):
-    """Call ``attempt()`` until it returns True (then True) or ``deadline`` passes (False).
+def _attempt(take: Callable[[int], bool], fd: int, what: str) -> Callable[[], bool]:
+    """One try of ``take`` (``lockwait.try_flock`` or ``try_record_lock``) for ``lockwait.poll``;
+    a failure other than contention becomes ``LockError`` naming ``what`` was tried."""
 
-    ``attempt`` runs at least once, also when the deadline has already passed, so that a
-    timeout of 0 means "try once". The pause doubles up to ``_LONGEST_PAUSE``: a quick retry
-    catches a lock released a moment later, the cap keeps a long wait from sleeping past a
-    release by more than a tenth of a second.
-    """
-    pause = _FIRST_PAUSE
-    while not attempt():
-        now = time.monotonic()
-        if deadline is not None and now >= deadline:
-            return False
-        time.sleep(pause if deadline is None else min(pause, deadline - now))
-        pause = min(pause * 2, _LONGEST_PAUSE)
-    return True
+    def attempt() -> bool:
+        try:
+            return take(fd)
+        except OSError as err:
+            raise errors.LockError(f"cannot {what}: {err.strerror}") from None
 
-
-def _try_flock(fd, path):
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as err:
-        if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return False
-        raise errors.LockError(f"cannot flock {path}: {err.strerror}") from None
-    return True
-
-
-def _try_record_lock(fd, path):
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as err:
-        # F_SETLK reports a conflicting lock as EACCES or EAGAIN, depending on the system.
-        if err.errno in (errno.EACCES, errno.EAGAIN):
-            return False
-        raise errors.LockError(f"cannot take the POSIX record lock on {path}: {err.strerror}") from None
-    return True
+    return attempt
 
 
 def _open_lock_file(path, state_root):
@@ -247,10 +221,10 @@ class StateLock:
         """Take the flock, then the POSIX record lock, within one deadline; record the holder."""
         self._refuse_reentry()
         _install_fork_hook()
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        deadline = None if self.timeout is None else Deadline(self.timeout)
         lock_fd = _open_lock_file(self.lock_path, self.state_root)
         try:
-            if not _poll(lambda: _try_flock(lock_fd, self.lock_path), deadline):
+            if not lockwait.poll(_attempt(lockwait.try_flock, lock_fd, f"flock {self.lock_path}"), deadline):
                 raise errors.LockError(self._refusal(lock_fd, f"on this node (flock on {self.lock_path})"))
             sidecar_fd = self._take_sidecar(lock_fd, deadline)
         except BaseException:
@@ -311,7 +285,10 @@ class StateLock:
         """Open the sidecar and take its POSIX lock; returns its descriptor. Needs the flock."""
         sidecar_fd = _open_lock_file(self.sidecar_path, self.state_root)
         try:
-            if not _poll(lambda: _try_record_lock(sidecar_fd, self.sidecar_path), deadline):
+            take = _attempt(
+                lockwait.try_record_lock, sidecar_fd, f"take the POSIX record lock on {self.sidecar_path}"
+            )
+            if not lockwait.poll(take, deadline):
                 where = f"through the POSIX lock on {self.sidecar_path} (another node?)"
                 raise errors.LockError(self._refusal(lock_fd, where))
         except BaseException:

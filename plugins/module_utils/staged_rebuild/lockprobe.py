@@ -21,12 +21,14 @@ import os
 import shutil
 import time
 
-from ..common import errors
+from ..common import errors, lockwait
+from ..common.deadline import Deadline
 from . import fsutil, locking, paths
 
 PROBE_DIR = "lock-probe"
 MARKER = "holder"
-_POLL_SECONDS = 0.05
+# The others read the ready directory through their own caches: no need to look more often.
+_LONGEST_PAUSE = 0.05
 _OPEN_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -86,18 +88,18 @@ def _hold(marker, host, hold_seconds):
     return found
 
 
-def _meet(ready_dir, participants, wait_seconds):
-    deadline = time.monotonic() + wait_seconds
-    while True:
-        arrived = len(os.listdir(ready_dir))
-        if arrived >= participants:
-            return
-        if time.monotonic() >= deadline:
-            raise errors.LockError(
-                f"the lock probe waited {wait_seconds:g} s for {participants} hosts in {ready_dir}; "
-                f"{arrived} arrived (do all of them see this directory?)"
-            )
-        time.sleep(_POLL_SECONDS)
+def _meet(ready_dir: str, participants: int, wait_seconds: float) -> None:
+    arrived = [0]
+
+    def everyone_is_there() -> bool:
+        arrived[0] = len(os.listdir(ready_dir))
+        return arrived[0] >= participants
+
+    if not lockwait.poll(everyone_is_there, Deadline(wait_seconds), longest_pause=_LONGEST_PAUSE):
+        raise errors.LockError(
+            f"the lock probe waited {wait_seconds:g} s for {participants} hosts in {ready_dir}; "
+            f"{arrived[0]} arrived (do all of them see this directory?)"
+        )
 
 
 def _read(path):

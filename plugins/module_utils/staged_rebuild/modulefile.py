@@ -13,8 +13,8 @@ writes the help text into a Lua long string or a Tcl brace word, and a line of h
 Rewriting: ``with_root`` points the root assignment at another directory and keeps every
 other byte, except literal copies of the old root elsewhere in the file.
 
-Publishing: ``replace_keeping_metadata`` and ``restore_file`` replace a module file the way
-``fsutil.atomic_write`` does (temp file from ``mkstemp`` in the same directory, fsync,
+Publishing: ``replace_keeping_metadata`` and ``restore_file`` replace a module file through
+``fsutil.durable_replace`` (a random temporary file in the same directory, fsync,
 ``os.replace``, fsync of the directory) and keep the destination's owner, mode and the
 access control list attributes in ``ACL_XATTRS``: a site that restricts a licensed
 package's module file with an ACL must not find it world-readable after a rebuild.
@@ -23,14 +23,12 @@ package's module file with an ACL must not find it world-readable after a rebuil
 from __future__ import annotations
 
 import collections
-import contextlib
 import errno
 import hashlib
 import heapq
 import os
 import re
 import stat
-import tempfile
 from typing import Dict, List, Pattern, Set
 
 from ..common import errors
@@ -627,35 +625,24 @@ def _differences(actual, wanted):
 def _publish(path, data, wanted):
     """Put ``data`` at ``path`` with the metadata ``wanted``; see ``replace_keeping_metadata``."""
     path = os.fspath(path)
-    directory, name = os.path.split(os.path.abspath(path))
-    fd, temp = tempfile.mkstemp(prefix="." + name + ".", suffix=".tmp", dir=directory)
-    replaced = False
-    try:
-        with os.fdopen(fd, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            # chown before chmod: a chown clears setuid/setgid bits a chmod has just set.
-            _apply_owner(stream.fileno(), path, wanted)
-            _apply_xattrs(stream.fileno(), path, wanted)
-            os.fchmod(stream.fileno(), wanted["mode"])
-            # Checked before the rename, on the same inode, so a filesystem that drops or
-            # rewrites an attribute leaves the live file alone.
-            differing = _differences(_metadata(os.fstat(stream.fileno()), stream.fileno()), wanted)
-            if differing:
-                raise errors.PublishError(
-                    f"the new {path} does not keep {', '.join(differing)} of the file it replaces; "
-                    "nothing was replaced"
-                )
-            # Bytes, owner, mode and ACLs on disk before any name points at them.
-            os.fsync(stream.fileno())
-        os.replace(temp, path)
-        replaced = True
-        fsutil.fsync_dir(directory)
-    except BaseException:
-        if not replaced:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temp)
-        raise
+    with fsutil.durable_replace(path, mode=None) as stream:
+        stream.write(data)
+        # Into the kernel before the owner and mode: a write that reaches the file after a
+        # chmod clears the setuid and setgid bits the chmod set.
+        stream.flush()
+        # chown before chmod: a chown clears setuid/setgid bits a chmod has just set.
+        _apply_owner(stream.fileno(), path, wanted)
+        _apply_xattrs(stream.fileno(), path, wanted)
+        os.fchmod(stream.fileno(), wanted["mode"])
+        # Checked before the rename, on the same inode, so a filesystem that drops or
+        # rewrites an attribute leaves the live file alone. durable_replace then fsyncs
+        # bytes, owner, mode and ACLs together before any name points at them.
+        differing = _differences(_metadata(os.fstat(stream.fileno()), stream.fileno()), wanted)
+        if differing:
+            raise errors.PublishError(
+                f"the new {path} does not keep {', '.join(differing)} of the file it replaces; "
+                "nothing was replaced"
+            )
     differing = _differences(read_metadata(path), wanted)
     if differing:
         raise errors.PublishError(
@@ -671,7 +658,7 @@ def _refuse_symlink(path):
 def replace_keeping_metadata(path, data):
     """Replace the module file ``path`` with ``data`` (bytes), keeping its owner, mode and ACLs.
 
-    The order is ``fsutil.atomic_write``'s: a ``mkstemp`` file in the same directory (a
+    The order is ``fsutil.durable_replace``'s: a temporary file in the same directory (a
     random name, never a fixed one another user could plant as a hard link), the bytes,
     then the destination's owner (``fchown`` only when it differs; ``PublishError`` when not
     permitted, rather than a module file quietly owned by someone else), the attributes of

@@ -6,9 +6,10 @@ For each module, in this order and each step journaled before it runs: the stage
 must be complete; a run marker is written into it; the module file is prepared with
 ``root`` set to the stable live path; the current live module file is recorded and backed
 up durably; the stage moves to its hidden sibling ``<software>/<Name>/.<version>.<run_id>``.
-Then the optional ``--prepare`` program runs, every staged tree must still carry build
-evidence, and the live trees must be as they were before the build. Nothing live has
-changed when the plan is refused.
+Then the optional ``--prepare`` program runs (its output in the run's ``prepare.log``, in a
+process group of its own), every staged tree must still carry build evidence, and the live
+trees must be as they were before the build. Nothing live has changed when the plan is
+refused.
 """
 
 from __future__ import annotations
@@ -18,14 +19,15 @@ import glob
 import json
 import os
 import stat
-import subprocess
+from typing import Mapping, Optional
 
-from ..common import errors
+from ..common import errors, proc
 from ..common.errors import setting
 from . import fsutil, modulefile, paths
 from .journal import RunState, StepKind
 
 RUN_MARKER = ".eb-staged-rebuild-run"
+PREPARE_LOG = "prepare.log"
 
 
 def has_build_evidence(install):
@@ -138,6 +140,27 @@ def _staged_class_links(generation, entry):
     return links
 
 
+def _run_prepare(prepare: str, env: Optional[Mapping[str, str]], run_dir: str) -> None:
+    """Run the ``--prepare`` command line with ``sh -c``; refuse the plan when it fails.
+
+    Its stdout and stderr go to ``prepare.log`` in the run's directory, never to the tool's
+    own streams, where they would corrupt ``--json``. It runs in a process group of its own,
+    killed whole when the tool stops (SIGTERM, an error), so nothing it started outlives the
+    transaction that is then reversed.
+    """
+    log_path = os.path.join(run_dir, PREPARE_LOG)
+    log_fd = fsutil.open_nofollow(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        result = proc.run_child(["/bin/sh", "-c", prepare], env=env, output_fd=log_fd)
+    finally:
+        os.close(log_fd)
+    if result.returncode != 0:
+        raise errors.PublishError(
+            f"{setting('prepare')} {prepare!r} exited with status {result.returncode}; nothing was swapped; "
+            f"its output is in {log_path}"
+        )
+
+
 def plan(journal, trees, generation, *, prepare=None, env=None):
     """Make every module of the journal ready to swap; refuse, changing nothing live, if one is not."""
     journal.set_state(RunState.PLANNING)
@@ -176,12 +199,7 @@ def plan(journal, trees, generation, *, prepare=None, env=None):
 
     if prepare:
         with journal.step(StepKind.PREPARE_PROGRAM):
-            done = subprocess.run(prepare, shell=True, env=env, check=False, close_fds=True)  # noqa: S602
-            if done.returncode != 0:
-                raise errors.PublishError(
-                    f"{setting('prepare')} {prepare!r} exited with status {done.returncode}; "
-                    "nothing was swapped"
-                )
+            _run_prepare(prepare, env, journal.run_dir)
 
     for entry in journal.modules:
         if not has_build_evidence(entry.retired_path):

@@ -15,10 +15,11 @@ import errno
 import os
 import re
 import shutil
-import subprocess
 import tempfile
+from typing import Optional, Tuple
 
-from ..common import errors
+from ..common import errors, proc
+from ..common.deadline import Deadline, DeadlineExceeded
 from ..common.errors import setting
 from . import backends, easybuild, fsutil, mountinfo
 
@@ -61,21 +62,17 @@ def max_user_namespaces():
         return None
 
 
-def easybuild_version(eb):
+def easybuild_version(eb: str) -> Optional[Tuple[int, ...]]:
     """``(major, minor, patch)`` of ``eb --version``, or None when it does not run."""
     try:
-        done = subprocess.run(
+        done = proc.run_child(
             [eb, "--version"],
             env=easybuild.with_own_python(dict(os.environ), eb),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=_EB_TIMEOUT,
-            check=False,
+            deadline=Deadline(_EB_TIMEOUT),
         )
-    except (OSError, subprocess.TimeoutExpired):
+    except (OSError, DeadlineExceeded):
         return None
-    found = EB_VERSION_PATTERN.search(done.stdout)
+    found = EB_VERSION_PATTERN.search(done.stdout.decode("utf-8", "replace"))
     return tuple(int(part) for part in found.groups()) if found else None
 
 

@@ -100,7 +100,8 @@ def exchange(staged, live, on_step=None, fail_before=None, exchange_fn=None):
       ``FALLBACK_ERRNOS`` (``EXDEV``, ``ENOENT``, ...) is raised as is;
     * a fallback step failing, or ``on_step`` raising (a journal write), undoes the completed
       fallback renames in reverse and raises the original error;
-    * a failed fsync after the swap swaps back before raising;
+    * a failed fsync after the swap swaps back before raising (a filesystem that does not
+      sync directories at all is not a failure: see ``fsutil.fsync_dir``);
     * if moving back fails too, ``RestoreError`` is raised, its cause the failed move back
       and that one's context the original error.
 

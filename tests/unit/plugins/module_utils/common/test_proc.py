@@ -1,13 +1,20 @@
-"""Children under a deadline: captured output, their own session, the group killed at the deadline."""
+"""Children with their own session: output captured, logged or streamed by line; the whole
+group killed at the deadline, on SIGTERM and on any exception while the caller waits.
+
+All real processes; a killed group is checked on a helper the child started in the background.
+"""
 
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import time
 
 import pytest
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.common import proc
+from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors, proc
+from ansible_collections.hpcstack.ops.plugins.module_utils.common.deadline import raise_on_sigterm
 
 
 def test_output_and_status_are_captured_not_passed_on(capfd):
@@ -87,3 +94,162 @@ def test_missing_program_raises_oserror():
 )
 def test_summary_is_one_bounded_line(output, expected):
     assert proc.summary(output) == expected
+
+
+# the three ways out for the output
+
+
+def test_output_fd_receives_both_streams_and_nothing_is_captured(tmp_path, capfd):
+    log = tmp_path / "child.log"
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        result = proc.run_child(
+            ["sh", "-c", "echo out; echo err >&2; exit 4"], env={"PATH": os.defpath}, output_fd=fd
+        )
+    finally:
+        os.close(fd)
+
+    assert (result.returncode, result.stdout, result.stderr) == (4, b"", b"")
+    assert log.read_text() == "out\nerr\n"
+    assert capfd.readouterr() == ("", "")
+
+
+def test_on_line_gets_every_line_of_both_streams_in_order_with_its_newline(capfd):
+    lines = []
+
+    result = proc.run_child(
+        ["sh", "-c", "echo one; echo two >&2; printf 'no newline at the end'"],
+        env={"PATH": os.defpath},
+        on_line=lines.append,
+    )
+
+    assert (result.returncode, result.stdout, result.stderr) == (0, b"", b"")
+    assert lines == ["one\n", "two\n", "no newline at the end"]
+    assert capfd.readouterr() == ("", "")
+
+
+def test_on_line_replaces_bytes_that_are_not_utf_8_and_keeps_long_lines_whole():
+    lines = []
+    # 50,000 two-byte characters: more than one read, and more than a pipe holds at once.
+    code = "import sys; sys.stdout.buffer.write('é'.encode() * 50000 + b'\\ncaf\\xe9\\n')"
+
+    proc.run_child([sys.executable, "-c", code], env={}, on_line=lines.append)
+
+    assert lines == ["é" * 50000 + "\n", "caf\ufffd\n"]
+
+
+def test_output_fd_and_on_line_together_are_refused_before_anything_runs(tmp_path):
+    marker = tmp_path / "ran"
+
+    with pytest.raises(ValueError, match="not both"):
+        proc.run_child(["touch", str(marker)], env={"PATH": os.defpath}, output_fd=2, on_line=print)
+
+    assert not marker.exists()
+
+
+def test_without_a_deadline_the_child_runs_to_its_end():
+    result = proc.run_child(["sh", "-c", "sleep 0.3; echo done"], env={"PATH": os.defpath})
+
+    assert (result.returncode, result.stdout) == (0, b"done\n")
+
+
+# the whole group goes, however the caller stops
+
+
+def _helper_script(pids):
+    return f"sleep 300 & echo $! > {pids}; echo started; sleep 300"
+
+
+def _wait_until_gone(pid):
+    # The pipes close in the kernel's exit path a moment before the process becomes a zombie.
+    give_up = time.monotonic() + 5
+    while is_running(pid) and time.monotonic() < give_up:
+        time.sleep(0.05)
+    return not is_running(pid)
+
+
+@pytest.mark.parametrize("mode", ["output_fd", "on_line"])
+def test_the_deadline_kills_the_whole_group_whatever_the_output(tmp_path, mode):
+    pids = tmp_path / "pids"
+    log_fd = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT, 0o600)
+    output = {"output_fd": log_fd} if mode == "output_fd" else {"on_line": lambda line: None}
+    try:
+        with pytest.raises(proc.DeadlineExceeded, match="still running after 1 s"):
+            proc.run_child(
+                ["sh", "-c", _helper_script(pids)],
+                env={"PATH": os.defpath},
+                deadline=proc.Deadline(1),
+                **output,
+            )
+    finally:
+        os.close(log_fd)
+
+    assert _wait_until_gone(int(pids.read_text()))
+
+
+def test_a_child_that_keeps_writing_does_not_outrun_the_deadline():
+    started = time.monotonic()
+    seen = []
+
+    with pytest.raises(proc.DeadlineExceeded):
+        proc.run_child(["yes"], env={"PATH": os.defpath}, deadline=proc.Deadline(0.5), on_line=seen.append)
+
+    assert time.monotonic() - started < 30
+    assert seen[0] == "y\n"
+
+
+def test_an_exception_from_on_line_kills_the_whole_group_and_reaches_the_caller(tmp_path):
+    pids = tmp_path / "pids"
+
+    def stop(line):
+        raise KeyboardInterrupt(line)
+
+    with pytest.raises(KeyboardInterrupt, match="started"):
+        proc.run_child(["sh", "-c", _helper_script(pids)], env={"PATH": os.defpath}, on_line=stop)
+
+    assert _wait_until_gone(int(pids.read_text()))
+
+
+@pytest.fixture
+def sigterm_raises_terminated():
+    previous = signal.getsignal(signal.SIGTERM)
+    raise_on_sigterm()
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.parametrize("mode", ["captured", "output_fd", "on_line", "no deadline"])
+def test_sigterm_while_the_child_runs_kills_the_whole_group(tmp_path, sigterm_raises_terminated, mode):
+    # The child signals this process itself, once it is running; Python runs the handler in
+    # the main thread, where run_child waits.
+    pids = tmp_path / "pids"
+    script = f"sleep 300 & echo $! > {pids}; sleep 0.2; kill -TERM $PPID; sleep 300"
+    log_fd = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT, 0o600)
+    output = {"output_fd": {"output_fd": log_fd}, "on_line": {"on_line": lambda line: None}}.get(mode, {})
+    deadline = None if mode == "no deadline" else proc.Deadline(60)
+    try:
+        with pytest.raises(errors.Terminated):
+            proc.run_child(["sh", "-c", script], env={"PATH": os.defpath}, deadline=deadline, **output)
+    finally:
+        os.close(log_fd)
+
+    assert _wait_until_gone(int(pids.read_text()))
+
+
+def test_preexec_runs_in_the_child_before_exec(tmp_path):
+    marker = tmp_path / "preexec-pid"
+
+    result = proc.run_child(
+        ["sh", "-c", f'echo $$ "$(cat {marker})"'],
+        env={"PATH": os.defpath},
+        preexec=lambda: marker.write_text(str(os.getpid())),
+    )
+
+    shell, seen = result.stdout.decode().split()
+    assert shell == seen
+    assert int(shell) != os.getpid()
+
+
+def test_a_missing_working_directory_raises_file_not_found(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        proc.run_child(["true"], env={"PATH": os.defpath}, cwd=tmp_path / "missing")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -9,13 +10,17 @@ import hashlib
 import json
 import os
 import platform
+import signal
 import stat
+import subprocess
+import sys
 import tempfile
 
 import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import fsutil
+from tests.support.injected import directory_fsync_fails_with
 
 
 def _tree(path, payload):
@@ -122,6 +127,47 @@ def test_fsync_dir_of_a_missing_directory_raises_enoent(tmp_path):
         fsutil.fsync_dir(tmp_path / "missing")
 
 
+@pytest.mark.parametrize("directory", ["/proc", "/sys"])
+def test_fsync_dir_of_a_filesystem_that_cannot_sync_directories_returns_quietly(directory):
+    # Real: procfs and sysfs have no fsync for their directories, and Linux says EINVAL.
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(OSError) as refused:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    assert refused.value.errno == errno.EINVAL
+    before = _open_fds()
+
+    assert fsutil.fsync_dir(directory) is None
+
+    assert _open_fds() == before
+
+
+def test_fsync_dir_takes_eopnotsupp_as_a_filesystem_that_does_not_sync_directories(tmp_path, monkeypatch):
+    """Injected: no filesystem mountable here answers EOPNOTSUPP to a directory fsync (tmpfs,
+    ext4, overlay and bindfs flush; procfs and sysfs say EINVAL, tested above for real)."""
+    directory_fsync_fails_with(monkeypatch, errno.EOPNOTSUPP)
+    before = _open_fds()
+
+    assert fsutil.fsync_dir(tmp_path) is None
+
+    assert _open_fds() == before
+
+
+@pytest.mark.parametrize("err", [errno.EIO, errno.EROFS, errno.ENOSPC, errno.EDQUOT], ids=errno.errorcode.get)
+def test_fsync_dir_raises_a_flush_that_was_tried_and_failed(tmp_path, monkeypatch, err):
+    """Injected: a failing disk or an aborted ext4 journal cannot be produced here."""
+    directory_fsync_fails_with(monkeypatch, err)
+    before = _open_fds()
+
+    with pytest.raises(OSError) as raised:
+        fsutil.fsync_dir(tmp_path)
+
+    assert raised.value.errno == err
+    assert _open_fds() == before
+
+
 # open_nofollow
 
 
@@ -193,11 +239,307 @@ def test_open_nofollow_keeps_enotdir_for_a_file_opened_as_a_directory(tmp_path):
         fsutil.open_nofollow(tmp_path / "file", os.O_RDONLY | os.O_DIRECTORY)
 
 
-# atomic_write
+# durable_replace
 
 
 def _listing(directory):
     return sorted(path.name for path in directory.iterdir())
+
+
+class Stopped(Exception):
+    """What a caller's block might raise."""
+
+
+@contextlib.contextmanager
+def _within(seconds):
+    """Fail instead of hanging: a write that opened a planted FIFO would wait for a reader."""
+
+    def expire(signum, frame):
+        raise TimeoutError(f"still blocked after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_durable_replace_puts_the_bytes_written_in_the_block_at_the_path(tmp_path):
+    (tmp_path / "state").write_bytes(b"old")
+    before = _open_fds()
+
+    with fsutil.durable_replace(tmp_path / "state") as stream:
+        stream.write(b"new ")
+        stream.write(b"bytes")
+        assert (tmp_path / "state").read_bytes() == b"old"
+
+    assert (tmp_path / "state").read_bytes() == b"new bytes"
+    assert stat.S_IMODE((tmp_path / "state").stat().st_mode) == 0o644
+    assert _listing(tmp_path) == ["state"]
+    assert _open_fds() == before
+
+
+def test_durable_replace_with_text_writes_str_in_the_encoding(tmp_path):
+    with fsutil.durable_replace(tmp_path / "greeting", 0o600, text=True, encoding="latin-1") as stream:
+        stream.write("café\n")
+
+    assert (tmp_path / "greeting").read_bytes() == b"caf\xe9\n"
+    assert stat.S_IMODE((tmp_path / "greeting").stat().st_mode) == 0o600
+
+
+def test_durable_replace_without_a_mode_keeps_what_the_block_set_on_the_open_file(tmp_path):
+    with fsutil.durable_replace(tmp_path / "module.lua", mode=None) as stream:
+        stream.write(b"x")
+        stream.flush()
+        os.fchmod(stream.fileno(), 0o640)
+
+    assert stat.S_IMODE((tmp_path / "module.lua").stat().st_mode) == 0o640
+
+
+def test_durable_replace_without_a_mode_or_a_chmod_leaves_a_private_file(tmp_path):
+    with fsutil.durable_replace(tmp_path / "private", mode=None) as stream:
+        stream.write(b"x")
+
+    assert stat.S_IMODE((tmp_path / "private").stat().st_mode) == 0o600
+
+
+def test_durable_replace_writes_a_close_on_exec_temp_file_beside_the_target(tmp_path):
+    with fsutil.durable_replace(tmp_path / "state") as stream:
+        stream.write(b"x")
+        (temp,) = _listing(tmp_path)
+        inside = os.fstat(stream.fileno())
+        fd_flags = fcntl.fcntl(stream.fileno(), fcntl.F_GETFD)
+
+    assert temp.startswith(".state.")
+    assert temp.endswith(".tmp")
+    assert len(temp) == len(".state.") + 16 + len(".tmp")
+    assert fd_flags & fcntl.FD_CLOEXEC
+    assert os.lstat(tmp_path / "state").st_ino == inside.st_ino
+    assert stream.closed
+
+
+def _write_then_raise(path, stop):
+    with fsutil.durable_replace(path) as stream:
+        stream.write(b"half of the new")
+        raise stop("stopped")
+
+
+@pytest.mark.parametrize("stop", [Stopped, KeyboardInterrupt, errors.Terminated], ids=lambda e: e.__name__)
+def test_an_exception_in_the_block_leaves_the_old_file_and_no_temp_file(tmp_path, stop):
+    (tmp_path / "state").write_bytes(b"old")
+    before = _open_fds()
+
+    with pytest.raises(stop):
+        _write_then_raise(tmp_path / "state", stop)
+
+    assert (tmp_path / "state").read_bytes() == b"old"
+    assert _listing(tmp_path) == ["state"]
+    assert _open_fds() == before
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temp_file(tmp_path):
+    (tmp_path / "state").write_bytes(b"old")
+
+    with pytest.raises(TypeError), fsutil.durable_replace(tmp_path / "state") as stream:
+        stream.write("text into a binary stream")
+
+    assert (tmp_path / "state").read_bytes() == b"old"
+    assert _listing(tmp_path) == ["state"]
+
+
+def test_a_failed_fsync_of_the_file_leaves_the_old_file_and_no_temp_file(tmp_path, monkeypatch):
+    """Injected: an fsync that fails (EIO from a dying disk) cannot be produced here."""
+    (tmp_path / "state").write_bytes(b"old")
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    before = _open_fds()
+
+    with pytest.raises(OSError) as raised, fsutil.durable_replace(tmp_path / "state") as stream:
+        stream.write(b"new")
+
+    assert raised.value.errno == errno.EIO
+    assert (tmp_path / "state").read_bytes() == b"old"
+    assert _listing(tmp_path) == ["state"]
+    assert _open_fds() == before
+
+
+def test_a_failed_replace_onto_an_immutable_file_leaves_it_and_no_temp_file(tmp_path):
+    (tmp_path / "state").write_bytes(b"old")
+    subprocess.run(["chattr", "+i", str(tmp_path / "state")], check=True)
+    try:
+        with pytest.raises(PermissionError), fsutil.durable_replace(tmp_path / "state") as stream:
+            stream.write(b"new")
+    finally:
+        subprocess.run(["chattr", "-i", str(tmp_path / "state")], check=True)
+
+    assert (tmp_path / "state").read_bytes() == b"old"
+    assert _listing(tmp_path) == ["state"]
+
+
+def test_a_failed_directory_fsync_after_the_replace_is_raised_with_the_new_file_in_place(
+    tmp_path, monkeypatch
+):
+    """Injected: a directory fsync that fails (EIO) cannot be produced here."""
+    (tmp_path / "state").write_bytes(b"old")
+    directory_fsync_fails_with(monkeypatch, errno.EIO)
+
+    with pytest.raises(OSError) as raised, fsutil.durable_replace(tmp_path / "state") as stream:
+        stream.write(b"new")
+
+    assert raised.value.errno == errno.EIO
+    assert (tmp_path / "state").read_bytes() == b"new"
+    assert _listing(tmp_path) == ["state"]
+
+
+def test_a_directory_that_cannot_sync_directories_still_gets_the_new_file(tmp_path, monkeypatch):
+    """Injected EINVAL: the filesystems that answer it for real (procfs, sysfs) hold no files of ours."""
+    directory_fsync_fails_with(monkeypatch, errno.EINVAL)
+
+    with fsutil.durable_replace(tmp_path / "state") as stream:
+        stream.write(b"new")
+
+    assert (tmp_path / "state").read_bytes() == b"new"
+
+
+def _plant_at_predictable_names(directory, victim):
+    names = (".state.tmp", "state.tmp", "state.new", ".state", ".state.new", "state~")
+    for index, name in enumerate(names):
+        if index % 2:
+            os.mkfifo(directory / name)
+        else:
+            (directory / name).symlink_to(victim)
+    return names
+
+
+def test_a_symlink_or_fifo_at_a_predictable_name_is_never_followed_or_opened(tmp_path):
+    victim = tmp_path / "elsewhere" / "victim"
+    victim.parent.mkdir()
+    victim.write_bytes(b"precious")
+    work = tmp_path / "work"
+    work.mkdir()
+    planted = _plant_at_predictable_names(work, victim)
+
+    with _within(10), fsutil.durable_replace(work / "state") as stream:
+        stream.write(b"payload")
+
+    assert (work / "state").read_bytes() == b"payload"
+    assert victim.read_bytes() == b"precious"
+    assert _listing(work) == sorted([*planted, "state"])
+    assert all(
+        os.path.islink(work / name) or stat.S_ISFIFO(os.lstat(work / name).st_mode) for name in planted
+    )
+
+
+@pytest.mark.parametrize("planted", ["symlink", "fifo", "hard link"])
+def test_even_a_guessed_temp_name_is_refused_and_another_one_taken(tmp_path, monkeypatch, planted):
+    """``os.urandom`` is made to repeat itself once: only that lets a test plant something at
+    the exact temporary name, which is what an attacker cannot do."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    work = tmp_path / "work"
+    work.mkdir()
+    guessed = work / f".state.{'00' * 8}.tmp"
+    if planted == "symlink":
+        guessed.symlink_to(victim)
+    elif planted == "fifo":
+        os.mkfifo(guessed)
+    else:
+        os.link(victim, guessed)
+    randoms = iter([b"\0" * 8, b"\1" * 8])
+    monkeypatch.setattr(os, "urandom", lambda size: next(randoms))
+
+    with _within(10), fsutil.durable_replace(work / "state") as stream:
+        stream.write(b"payload")
+
+    assert (work / "state").read_bytes() == b"payload"
+    assert victim.read_bytes() == b"precious"
+    assert _listing(work) == sorted([guessed.name, "state"])
+
+
+def test_a_temp_name_that_keeps_being_taken_raises_and_creates_nothing(tmp_path, monkeypatch):
+    """``os.urandom`` is made constant: a directory filled with every name tried cannot be
+    made otherwise."""
+    guessed = tmp_path / f".state.{'00' * 8}.tmp"
+    guessed.symlink_to(tmp_path / "nowhere")
+    monkeypatch.setattr(os, "urandom", lambda size: b"\0" * size)
+
+    with pytest.raises(FileExistsError), fsutil.durable_replace(tmp_path / "state") as stream:
+        stream.write(b"never")
+
+    assert _listing(tmp_path) == [guessed.name]
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_long_file_name_gets_a_temp_name_within_the_name_limit(tmp_path):
+    name = "m" * 250
+
+    fsutil.atomic_write(tmp_path / name, b"x")
+
+    assert (tmp_path / name).read_bytes() == b"x"
+    assert _listing(tmp_path) == [name]
+
+
+# The child: a tmpfs of 64 KiB in its own mount namespace, an old file, a write too big for it.
+DISK_FULL = r"""
+import errno, json, os, sys
+from hpcstack_ops.staged_rebuild import fsutil, modulefile
+root = sys.argv[1]
+report = {}
+writers = (("atomic_write", fsutil.atomic_write), ("module_file", modulefile.replace_keeping_metadata))
+for name, replace in writers:
+    path = os.path.join(root, name)
+    fsutil.atomic_write(path, b"old contents\n")
+    try:
+        replace(path, b"x" * (1 << 20))
+        outcome = "written"
+    except OSError as err:
+        outcome = errno.errorcode.get(err.errno, str(err.errno))
+    with open(path, "rb") as handle:
+        report[name] = {"outcome": outcome, "contents": handle.read().decode()}
+report["listing"] = sorted(os.listdir(root))
+print(json.dumps(report))
+"""
+
+
+def test_a_disk_full_write_leaves_the_old_file_and_no_temp_file(package_dir, tmp_path):
+    point = tmp_path / "small"
+    point.mkdir()
+    done = subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            'mount -t tmpfs -o size=64k none "$1" && exec "$PYTHON" -c "$CODE" "$1"',
+            "sh",
+            str(point),
+        ],
+        env=dict(os.environ, PYTHONPATH=str(package_dir), PYTHON=sys.executable, CODE=DISK_FULL),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+
+    assert report["atomic_write"] == {"outcome": "ENOSPC", "contents": "old contents\n"}
+    assert report["module_file"] == {"outcome": "ENOSPC", "contents": "old contents\n"}
+    assert report["listing"] == ["atomic_write", "module_file"]
+    assert os.listdir(point) == []
+
+
+# atomic_write
 
 
 def test_atomic_write_creates_the_file_with_the_bytes_and_mode_0644(tmp_path):
@@ -316,17 +658,18 @@ def test_atomic_write_into_a_missing_directory_raises_and_creates_nothing(tmp_pa
     assert _listing(tmp_path) == []
 
 
-def test_atomic_write_docstring_explains_the_order():
+def test_durable_replace_docstring_explains_the_order():
+    # atomic_write and atomic_write_json are thin users of durable_replace, which keeps the list.
     numbered = [
         line.strip()
-        for line in fsutil.atomic_write.__doc__.splitlines()
+        for line in fsutil.durable_replace.__doc__.splitlines()
         if line.strip()[:2] in {f"{n}." for n in range(1, 10)}
     ]
     expected = ["mkstemp", "flush", "fchmod", "``fsync`` the file", "os.replace", "``fsync`` the directory"]
 
     assert len(numbered) == len(expected)
     assert all(word in line for word, line in zip(expected, numbered))
-    assert "hard link" in fsutil.atomic_write.__doc__
+    assert "hard link" in fsutil.durable_replace.__doc__
 
 
 # atomic_write_json

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import stat
 import subprocess
 
@@ -401,6 +402,43 @@ def test_plan_runs_the_prepare_program_with_the_stage_beside_the_live_tree(site,
     assert seen.read_text() == "new build\nhello\n"
 
 
+def test_the_prepare_program_s_output_goes_to_the_run_s_log_not_to_the_tool_s_streams(site, capfd):
+    journal, _trees, _generation = _planned(site, APP, prepare="echo to stdout; echo to stderr >&2")
+
+    assert capfd.readouterr() == ("", "")
+    log = pathlib.Path(journal.run_dir, "prepare.log")
+    assert log.read_text() == "to stdout\nto stderr\n"
+
+
+def test_the_prepare_program_reads_nothing_and_leads_a_session_of_its_own(site, tmp_path):
+    seen = tmp_path / "seen"
+    prepare = (
+        f"readlink /proc/self/fd/0 > {seen}; cat >> {seen}; ps -o sid= -p $$ >> {seen}; echo $$ >> {seen}"
+    )
+
+    _planned(site, APP, prepare=prepare)
+
+    stdin, sid, pid = seen.read_text().split()
+    assert stdin == "/dev/null"
+    assert sid == pid
+    assert int(sid) != os.getsid(0)
+
+
+def test_a_prepare_log_planted_as_a_symlink_is_refused_and_its_target_untouched(site, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    before = _live_state(site, APP)
+    journal, trees = _journal(site, APP)
+    generation = _build(trees, "run1", APP)
+    os.symlink(victim, os.path.join(journal.run_dir, "prepare.log"))
+
+    with pytest.raises(errors.UsageError, match="is a symbolic link"):
+        planner.plan(journal, trees, generation, faults_module.Faults(), prepare="echo written")
+
+    assert victim.read_text() == "precious\n"
+    assert _live_state(site, APP) == before
+
+
 # plan's refusals
 
 
@@ -457,13 +495,18 @@ def test_plan_refuses_a_live_module_file_that_is_a_symlink(site, tmp_path):
     assert site.module_file(APP).is_symlink()
 
 
-def test_plan_refuses_when_the_prepare_program_fails(site):
+def test_plan_refuses_when_the_prepare_program_fails_and_names_its_log(site):
     before = _live_state(site, APP)
+    log = site.state_root / "runs" / "run1" / "prepare.log"
 
     with pytest.raises(errors.PublishError) as raised:
-        _planned(site, APP, prepare="exit 3")
+        _planned(site, APP, prepare="echo cannot stage it >&2; exit 3")
 
-    assert str(raised.value) == "--prepare 'exit 3' exited with status 3; nothing was swapped"
+    assert str(raised.value) == (
+        "--prepare 'echo cannot stage it >&2; exit 3' exited with status 3; nothing was swapped; "
+        f"its output is in {log}"
+    )
+    assert log.read_text() == "cannot stage it\n"
     assert _live_state(site, APP) == before
 
 

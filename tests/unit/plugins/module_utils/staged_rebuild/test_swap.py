@@ -16,6 +16,7 @@ import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import fsutil, swap
+from tests.support.injected import directory_fsync_fails_with
 from tests.support.trees import make_tree as _tree
 from tests.support.trees import tree_state as _state
 
@@ -392,6 +393,42 @@ def test_an_injected_sync_failure_after_the_fallback_swaps_back(pair):
         )
 
     assert seen == ["exchange", *swap.FALLBACK_STEPS]
+    _assert_original(staged, live, before)
+
+
+# a filesystem that does not sync directories
+
+
+@pytest.mark.parametrize("fallback", [False, True], ids=["exchange", "fallback"])
+def test_a_finished_swap_stands_where_the_filesystem_cannot_sync_directories(pair, monkeypatch, fallback):
+    """Injected EINVAL: the filesystems that answer it for real (procfs, sysfs; see test_fsutil)
+    cannot hold the directories of a swap, and every one that can here (tmpfs, ext4, overlay,
+    bindfs) flushes directories."""
+    staged, live = pair
+    before = {staged: _state(staged), live: _state(live)}
+    directory_fsync_fails_with(monkeypatch, errno.EINVAL)
+    exchange_fn = _unsupported(errno.EINVAL) if fallback else None
+
+    method = swap.exchange(staged, live, exchange_fn=exchange_fn)
+
+    assert method == ("fallback" if fallback else "exchange")
+    assert _state(live) == before[staged]
+    assert _state(staged) == before[live]
+    assert _state(_hold(staged)) is None
+
+
+@pytest.mark.parametrize("fallback", [False, True], ids=["exchange", "fallback"])
+def test_a_directory_fsync_that_fails_with_eio_still_swaps_back(pair, monkeypatch, fallback):
+    """Injected EIO: a failing disk cannot be produced here."""
+    staged, live = pair
+    before = {staged: _state(staged), live: _state(live)}
+    directory_fsync_fails_with(monkeypatch, errno.EIO)
+    exchange_fn = _unsupported(errno.EINVAL) if fallback else None
+
+    with pytest.raises(OSError) as raised:
+        swap.exchange(staged, live, exchange_fn=exchange_fn)
+
+    assert raised.value.errno == errno.EIO
     _assert_original(staged, live, before)
 
 
