@@ -49,13 +49,13 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import math
 import os
 import stat
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from ..common import errors, lockwait
 from ..common.deadline import Deadline
+from ..common.errors import setting
 
 LOCK_NAME = ".lock"
 SIDECAR_NAME = ".lock.posix"
@@ -194,16 +194,15 @@ class StateLock:
     failure nothing stays locked and no descriptor stays open.
     """
 
-    def __init__(self, state_root, timeout=0):
-        if timeout is not None and (timeout < 0 or math.isnan(timeout)):
-            raise errors.UsageError(f"lock timeout must be 0 or more seconds, not {timeout}")
+    def __init__(self, state_root, timeout: Optional[float] = 0) -> None:
+        # ``timeout`` was checked where it was read (settings.lock_timeout, the lock probe's).
         self.state_root = os.fspath(state_root)
         self.timeout = timeout
         self.lock_path = os.path.join(self.state_root, LOCK_NAME)
         self.sidecar_path = os.path.join(self.state_root, SIDECAR_NAME)
-        self._lock_fd = None
-        self._sidecar_fd = None
-        self._sidecar_key = None
+        self._lock_fd: Optional[int] = None
+        self._sidecar_fd: Optional[int] = None
+        self._sidecar_key: Optional[Tuple[int, int]] = None
 
     @property
     def held(self):
@@ -225,7 +224,7 @@ class StateLock:
         lock_fd = _open_lock_file(self.lock_path, self.state_root)
         try:
             if not lockwait.poll(_attempt(lockwait.try_flock, lock_fd, f"flock {self.lock_path}"), deadline):
-                raise errors.LockError(self._refusal(lock_fd, f"on this node (flock on {self.lock_path})"))
+                raise errors.LockHeld(self._refusal(lock_fd, f"on this node (flock on {self.lock_path})"))
             sidecar_fd = self._take_sidecar(lock_fd, deadline)
         except BaseException:
             # LOCK_UN rather than relying on close: a child forked meanwhile may share the
@@ -261,12 +260,15 @@ class StateLock:
     def _unlock(self):
         # The sidecar first: its close drops the record lock, and it must not outlive the flock
         # that made opening it safe.
-        _held.pop(self._sidecar_key, None)
+        if self._sidecar_key is not None:
+            _held.pop(self._sidecar_key, None)
         sidecar_fd, self._sidecar_fd = self._sidecar_fd, None
-        os.close(sidecar_fd)
+        if sidecar_fd is not None:
+            os.close(sidecar_fd)
         lock_fd, self._lock_fd = self._lock_fd, None
-        fcntl.flock(lock_fd, fcntl.LOCK_UN)
-        os.close(lock_fd)
+        if lock_fd is not None:
+            fcntl.flock(lock_fd, fcntl.LOCK_UN)
+            os.close(lock_fd)
 
     def _refuse_reentry(self):
         # Before any open: taking the flock again would wait on ourselves, and opening and
@@ -290,7 +292,7 @@ class StateLock:
             )
             if not lockwait.poll(take, deadline):
                 where = f"through the POSIX lock on {self.sidecar_path} (another node?)"
-                raise errors.LockError(self._refusal(lock_fd, where))
+                raise errors.LockHeld(self._refusal(lock_fd, where))
         except BaseException:
             # This process holds no record lock on the sidecar (the registry said so), so
             # closing it drops nothing.
@@ -303,15 +305,18 @@ class StateLock:
         return (
             f"state root {self.state_root} is locked by another eb-staged-rebuild run {where}; "
             f"{_describe_holder(os.pread(lock_fd, _HOLDER_BYTES, 0))} "
-            f"(waited {waited}; --lock-timeout sets the wait)"
+            f"(waited {waited}; {setting('lock_timeout')} sets the wait)"
         )
 
     def _write_holder(self, record):
         # Same descriptor as the flock: no second open of .lock is needed, and the file keeps
         # its inode (truncate, never replace).
-        os.ftruncate(self._lock_fd, 0)
+        lock_fd = self._lock_fd
+        if lock_fd is None:  # not held: there is no record of ours to write
+            return
+        os.ftruncate(lock_fd, 0)
         if record:
-            os.pwrite(self._lock_fd, record, 0)
+            os.pwrite(lock_fd, record, 0)
 
     def _close_inherited(self):
         for fd in (self._sidecar_fd, self._lock_fd):

@@ -40,8 +40,11 @@ def contend(state_root, host, probe_id, participants, *, rounds=20, hold_seconds
     """
     paths.check_run_id(probe_id)
     paths.check_run_id(host)
-    if participants < 1 or rounds < 1 or hold_seconds < 0 or math.isnan(hold_seconds):
-        raise errors.UsageError("the lock probe needs participants >= 1, rounds >= 1 and hold_seconds >= 0")
+    seconds = (hold_seconds, wait_seconds)
+    if participants < 1 or rounds < 1 or any(value < 0 or math.isnan(value) for value in seconds):
+        raise errors.UsageError(
+            "the lock probe needs participants >= 1, rounds >= 1, hold_seconds >= 0 and wait_seconds >= 0"
+        )
     if not os.path.isdir(state_root):
         raise errors.UsageError(
             f"state root {state_root} is not a directory (the build_host role creates it)"
