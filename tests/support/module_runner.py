@@ -56,12 +56,15 @@ def disk(site: StagedSite) -> dict:
     return snapshot(site.installpath, site.state_root)
 
 
-def assert_failed_with(result, message):
-    """The module failed with ``message``, the core's one line, and no traceback."""
+def assert_failed_with(result, message, error=None):
+    """The module failed with ``message``, the core's one line, and no traceback; with
+    ``error``, the failure's stable kind is that (``usage``, ``journal``, ``lock_held``, ...)."""
     assert result["failed"] is True
     assert result["msg"] == message
     assert "\n" not in result["msg"]
     assert "exception" not in result
+    if error is not None:
+        assert result["error"] == error
 
 
 def warnings_of(result) -> list:

@@ -138,32 +138,38 @@ class StagedSite(LiveLayout):
         return snapshot(self.software, self.modules)
 
 
-def _core_commands():
-    """The core's commands module, imported on first use: this module is loaded with the
+def _core(name):
+    """A module of the core, imported on first use: this module is loaded with the
     integration conftest, before the test session makes ``ansible_collections`` importable."""
-    from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import commands  # noqa: PLC0415
+    import importlib  # noqa: PLC0415
 
-    return commands
+    return importlib.import_module(
+        f"ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild.{name}"
+    )
 
 
-def fake_eb_request(site: StagedSite, module: str, run_id: str) -> dict:
-    """The request the core's rebuild commands take: ``module`` built by the test builder,
-    which knows no sandbox (hence the installpath backend)."""
-    return _core_commands().rebuild_request(
-        software=site.software,
-        modules=site.modules,
-        modules_requested=[module],
-        eb=str(FAKE_EB),
-        eb_args=[module.replace("/", "-") + ".eb"],
-        backend="installpath",
-        run_id=run_id,
+def fake_eb_request(site: StagedSite, module: str, run_id: str):
+    """The request the core's rebuild commands take (``request.RebuildRequest``): ``module``
+    built by the test builder, which knows no sandbox (hence the installpath backend). The
+    host's variables play no part: the options name everything."""
+    return _core("request").resolve(
+        {
+            "installpath_software": str(site.software),
+            "installpath_modules": str(site.modules),
+            "modules": [module],
+            "eb": str(FAKE_EB),
+            "backend": "installpath",
+            "run_id": run_id,
+        },
+        {},
+        [module.replace("/", "-") + ".eb"],
     )
 
 
 def publish_in_process(site: StagedSite, module: str, run_id: str) -> dict:
     """Rebuild and publish ``module`` as run ``run_id`` through the core, in this process."""
     request = fake_eb_request(site, module, run_id)
-    return _core_commands().run_rebuild(request, str(site.state_root), lambda line: None, dict(os.environ))
+    return _core("commands").run_rebuild(request, str(site.state_root), lambda line: None, dict(os.environ))
 
 
 @pytest.fixture(scope="session")

@@ -449,11 +449,16 @@ class Journal:
         """The journal at ``path``; anything that is not a journal of this version is refused."""
         try:
             fd = fsutil.open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK)
+        except errors.UsageError:  # open_nofollow's refusal of a link, which is not followed
+            raise errors.JournalError(f"journal {path}: a symbolic link; refusing to follow it") from None
         except OSError as err:
             raise errors.JournalError(f"journal {path}: cannot read it: {err.strerror}") from None
+        # Checked on the descriptor before a file object is made of it: io refuses a directory
+        # with an OSError of its own, which would escape as no journal refusal.
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise errors.JournalError(f"journal {path}: not a regular file")
         with os.fdopen(fd, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                raise errors.JournalError(f"journal {path}: not a regular file")
             raw = handle.read(MAX_BYTES + 1)
         try:
             if len(raw) > MAX_BYTES:

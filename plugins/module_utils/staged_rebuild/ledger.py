@@ -46,6 +46,9 @@ def load_config(path):
         )
     if not os.path.isabs(target):
         raise errors.UsageError(f"{setting('ledger_config')} {path}: path {target!r} is not absolute")
+    # The run's journal keeps the path, and a journal path holds no ".." (records.AbsPath).
+    if ".." in target.split("/"):
+        raise errors.UsageError(f"{setting('ledger_config')} {path}: path {target!r} has a '..' component")
     return LedgerConfig(AbsPath(target), str(document.get("site", "")))
 
 

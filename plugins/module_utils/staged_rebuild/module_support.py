@@ -14,6 +14,7 @@ import stat
 
 from . import commands, paths, settings
 from . import journal as journals
+from .request import RebuildRequest
 
 NO_MODULE_FILE = "(no module file)\n"
 # A link, a directory or a FIFO where a module file was asked for: its content is not shown.
@@ -21,6 +22,11 @@ NOT_A_FILE = "(not a regular file)\n"
 # Check mode's diff: the live directory would be another one, whose inode is not known yet.
 REPLACED = "replaced"
 _IDENTITY = {None: "absent", REPLACED: "replaced by a new directory"}
+# Settings that only the command line offers (--prepare): a module's message names the flag,
+# since the module has no option of that name (a run started on the command line may fail so).
+_COMMAND_LINE_ONLY = frozenset(
+    name for name, (offered, _hint) in settings.options(RebuildRequest).items() if not offered.module
+)
 
 
 def common_arguments() -> dict:
@@ -31,6 +37,12 @@ def common_arguments() -> dict:
 def state_root(params, environ) -> str:
     """The ``state_root`` option, else the host's EB_STAGED_REBUILD_STATE_ROOT; refuses neither."""
     return settings.state_root(params, environ)
+
+
+def option_name(name) -> str:
+    """A setting as a module's message names it: its option, or the flag only the command
+    line offers."""
+    return settings.flag(name) if name in _COMMAND_LINE_ONLY else name
 
 
 def run(call, check_mode, diff_mode=False, snapshot=None):
@@ -52,7 +64,10 @@ def run(call, check_mode, diff_mode=False, snapshot=None):
             after = _predicted(before, result["changed"]) if check_mode else snapshot()
             result["diff"] = {"before": render(before), "after": render(after)}
     except commands.FAILURES as err:
-        return None, {"msg": commands.failure_message(err, name_of=str), "error": commands.failure_kind(err)}
+        return None, {
+            "msg": commands.failure_message(err, name_of=option_name),
+            "error": commands.failure_kind(err),
+        }
     return result, None
 
 

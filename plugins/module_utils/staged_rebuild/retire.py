@@ -64,6 +64,10 @@ def check(module_file, reason, state_root):
     root = modulefile.parse_root(data.decode("utf-8", "replace"))
     if root is None:
         raise errors.UsageError(f"module file {module_file} has no root assignment; refusing to retire it")
+    if not os.path.isabs(root):
+        raise errors.UsageError(
+            f"module file {module_file} assigns root {root!r}, not an absolute path; refusing to retire it"
+        )
     if not reason or not reason.strip():
         raise errors.UsageError(f"retire needs {setting('reason')} TEXT")
     if (
@@ -74,7 +78,8 @@ def check(module_file, reason, state_root):
             f"the state root {state_root} is on another filesystem than {os.path.dirname(module_file)}: "
             "a rename there would not be atomic"
         )
-    return module_file, data, root
+    # As gc compares it, and as the journal holds a path (without "..": records.AbsPath).
+    return module_file, data, os.path.normpath(root)
 
 
 def retire(state_root, module_file, reason):

@@ -13,11 +13,16 @@ import os
 
 import pytest
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import journal as journals
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import module_support
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import settings
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild.journal import RunState
 from ansible_collections.hpcstack.ops.plugins.modules import staged_gc
 from tests.support.module_runner import APP, assert_failed_with, disk, run_on_site, warnings_of
 from tests.support.staged import publish_in_process
+from tests.unit.plugins.module_utils.staged_rebuild.journal_records import (
+    publish_journal,
+    retire_journal,
+    trees_of,
+)
 
 RUN = "run1"
 
@@ -40,23 +45,20 @@ def _gc(capsys, site, **args):
 
 def _interrupted_rebuild(site, run_id):
     """A rebuild's journal as a crash during the build leaves it."""
-    journals.Journal.create(str(site.state_root / "runs"), run_id, kind="publish", state="building")
+    publish_journal(site.state_root / "runs", run_id, trees_of(site.installpath), state=RunState.BUILDING)
 
 
 def _interrupted_retire(site, stamp):
     """A retire's journal as a crash just before its rename leaves it (as retire writes it)."""
     module_file = site.module_file(APP)
-    journals.Journal.create(
-        str(site.state_root / "runs"),
+    retire_journal(
+        site.state_root / "runs",
         "retire-" + stamp,
-        kind="retire",
-        state="retiring",
-        module_file=str(module_file),
-        retired_to=str(site.state_root / "retired" / stamp / str(module_file).lstrip("/")),
-        module_sha256="00" * 32,
-        software_dir=str(site.live(APP)),
+        state=RunState.RETIRING,
+        module_file=module_file,
+        retired_to=site.state_root / "retired" / stamp / str(module_file).lstrip("/"),
+        software_dir=site.live(APP),
         reason="now on /cvmfs",
-        retired_at=journals.now(),
     )
 
 
@@ -102,7 +104,7 @@ def test_the_default_grace_period_keeps_a_fresh_previous_tree(capsys, published)
 
 
 def test_the_grace_period_can_come_from_the_hosts_environment(capsys, published, monkeypatch):
-    monkeypatch.setenv(staged_gc.GRACE_HOURS_VARIABLE, "0")
+    monkeypatch.setenv(settings.GRACE_HOURS_VARIABLE, "0")
 
     result = _gc(capsys, published)
 
@@ -112,7 +114,7 @@ def test_the_grace_period_can_come_from_the_hosts_environment(capsys, published,
 
 
 def test_the_grace_hours_option_beats_the_hosts_environment(capsys, published, monkeypatch):
-    monkeypatch.setenv(staged_gc.GRACE_HOURS_VARIABLE, "0")
+    monkeypatch.setenv(settings.GRACE_HOURS_VARIABLE, "0")
 
     result = _gc(capsys, published, grace_hours=1)
 
@@ -122,7 +124,7 @@ def test_the_grace_hours_option_beats_the_hosts_environment(capsys, published, m
 
 
 def test_the_state_root_can_come_from_the_hosts_environment(capsys, published, monkeypatch):
-    monkeypatch.setenv(module_support.STATE_ROOT_VARIABLE, str(published.state_root))
+    monkeypatch.setenv(settings.STATE_ROOT_VARIABLE, str(published.state_root))
 
     result = _gc(capsys, published, state_root=None, grace_hours=0)
 
@@ -212,14 +214,12 @@ def test_negative_grace_hours_fail(capsys, published):
 
 
 def test_grace_hours_from_the_environment_that_are_not_a_number_fail(capsys, published, monkeypatch):
-    monkeypatch.setenv(staged_gc.GRACE_HOURS_VARIABLE, "soon")
+    monkeypatch.setenv(settings.GRACE_HOURS_VARIABLE, "soon")
     before = disk(published)
 
     result = _gc(capsys, published)
 
-    assert result["failed"] is True
-    assert result["msg"].startswith("argument 'grace_hours' is of type str")
-    assert "\n" not in result["msg"]
+    assert_failed_with(result, "EB_STAGED_REBUILD_GRACE_HOURS='soon' is not a number", error="usage")
     assert disk(published) == before
 
 
@@ -242,7 +242,7 @@ def test_an_unreadable_journal_fails_with_its_path(capsys, published):
 
     result = _gc(capsys, published, grace_hours=0)
 
-    assert_failed_with(result, f"journal {journal} is truncated or not JSON (1 bytes)")
+    assert_failed_with(result, f"journal {journal}: truncated or not JSON (1 bytes)", error="journal")
     assert disk(published) == before
 
 
@@ -251,5 +251,5 @@ def test_a_negative_lock_timeout_fails(capsys, published):
 
     result = _gc(capsys, published, lock_timeout=-1)
 
-    assert_failed_with(result, "lock timeout must be 0 or more seconds (lock_timeout), not -1.0")
+    assert_failed_with(result, "lock_timeout must be 0 or more seconds, not -1.0", error="usage")
     assert disk(published) == before

@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import commands, module_support
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import commands, settings
 from ansible_collections.hpcstack.ops.plugins.modules import staged_info
 from tests.support.module_runner import APP, assert_failed_with, disk, run_on_site
 from tests.support.staged import publish_in_process
@@ -100,7 +100,7 @@ def test_a_second_call_returns_the_same_and_changes_nothing(capsys, runs):
 
 
 def test_the_state_root_can_come_from_the_hosts_environment(capsys, runs, monkeypatch):
-    monkeypatch.setenv(module_support.STATE_ROOT_VARIABLE, str(runs.state_root))
+    monkeypatch.setenv(settings.STATE_ROOT_VARIABLE, str(runs.state_root))
 
     result = _info(capsys, runs, state_root=None)
 
@@ -171,7 +171,7 @@ def test_the_probe_in_check_mode_changes_nothing(capsys, runs, tmp_path):
 
 
 def test_the_eb_of_the_probe_can_come_from_the_hosts_environment(capsys, runs, tmp_path, monkeypatch):
-    monkeypatch.setenv(staged_info.EB_VARIABLE, str(_eb(tmp_path, BANNER.replace("5.4.2", "5.4.3"))))
+    monkeypatch.setenv(settings.EB_VARIABLE, str(_eb(tmp_path, BANNER.replace("5.4.2", "5.4.3"))))
 
     result = _info(capsys, runs, probe_path=str(runs.software))
 
@@ -247,7 +247,7 @@ def test_an_unreadable_journal_fails_with_its_path(capsys, runs):
 
     result = _info(capsys, runs)
 
-    assert_failed_with(result, f"journal {journal} is truncated or not JSON (1 bytes)")
+    assert_failed_with(result, f"journal {journal}: truncated or not JSON (1 bytes)", error="journal")
 
 
 def test_a_probe_path_that_is_not_a_directory_fails(capsys, runs, tmp_path):

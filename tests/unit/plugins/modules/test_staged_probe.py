@@ -67,7 +67,9 @@ def test_lock_contention_needs_a_state_root(capsys, tmp_path, monkeypatch):
         capsys, staged_probe, {"path": str(tmp_path), "eb": "eb", "lock_contention": True, "probe_id": "p1"}
     )
 
-    assert_failed_with(result, "the lock probe needs the state root (state_root)")
+    assert_failed_with(
+        result, "no state root: give state_root DIR or set EB_STAGED_REBUILD_STATE_ROOT", error="usage"
+    )
 
 
 def test_a_path_that_is_not_a_directory_fails_with_the_core_line(capsys, tmp_path):

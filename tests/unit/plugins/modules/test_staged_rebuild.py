@@ -412,63 +412,75 @@ def test_allow_unrelocated_publishes_with_the_warning(live, capsys, monkeypatch)
 
 # Refusals: failed, the one-line message, nothing changed
 
-
+# Each case: the options, the message, and the failure's ``error`` kind (None: Ansible's own).
 REFUSALS = {
     "no module": (
         lambda live, tmp_path: {"modules": []},
-        "rebuild needs at least one module NAME/VERSION",
+        "rebuild needs at least one modules NAME/VERSION",
+        "usage",
     ),
     "bad NAME/VERSION": (
         lambda live, tmp_path: {"modules": ["TinyApp"]},
-        "module 'TinyApp' is not NAME/VERSION of plain names (no '..', no '/', no leading '.')",
+        "modules 'TinyApp' is not NAME/VERSION of plain names (no '..', no '/', no leading '.')",
+        "usage",
     ),
     "a path as NAME/VERSION": (
         lambda live, tmp_path: {"modules": ["../1.0"]},
-        "module '../1.0' is not NAME/VERSION of plain names (no '..', no '/', no leading '.')",
+        "modules '../1.0' is not NAME/VERSION of plain names (no '..', no '/', no leading '.')",
+        "usage",
     ),
     "module given twice": (
         lambda live, tmp_path: {"modules": [APP, APP], "rebuild": "always"},
-        "module TinyApp/1.0 is given twice",
+        "modules TinyApp/1.0 is given twice",
+        "usage",
     ),
     "bad run id": (
         lambda live, tmp_path: {"run_id": "../x", "rebuild": "always"},
         "run id '../x' is not a plain name ([A-Za-z0-9._-], at most 128)",
+        "usage",
     ),
     "bad backend": (
         lambda live, tmp_path: {"backend": "chroot"},
         "value of backend must be one of: auto, bwrap, userns, installpath, got: chroot",
+        None,
     ),
     "bad rebuild": (
         lambda live, tmp_path: {"rebuild": "sometimes"},
         "value of rebuild must be one of: changed, always, got: sometimes",
+        None,
     ),
     "both installpath forms": (
         lambda live, tmp_path: {"installpath_software": "/s", "installpath_modules": "/m"},
         "parameters are mutually exclusive: installpath|installpath_software, "
         "installpath|installpath_modules",
+        None,
     ),
     "installpath_software alone": (
         lambda live, tmp_path: {"installpath": None, "installpath_software": "/s"},  # None: left out
         "parameters are required together: installpath_software, installpath_modules",
+        None,
     ),
     "missing eb": (
         lambda live, tmp_path: {"eb": str(tmp_path / "no-such-eb")},
         "EasyBuild command {tmp_path}/no-such-eb is not an executable file (eb, EB_STAGED_REBUILD_EB)",
+        "usage",
     ),
     "missing state root": (
         lambda live, tmp_path: {"state_root": None, "rebuild": "always"},  # None: left out
         "no state root: give state_root DIR or set EB_STAGED_REBUILD_STATE_ROOT",
+        "usage",
     ),
     "missing ledger config": (
         lambda live, tmp_path: {"ledger_config": str(tmp_path / "no-ledger.json"), "rebuild": "always"},
         "cannot read ledger_config {tmp_path}/no-ledger.json: No such file or directory",
+        "usage",
     ),
 }
 
 
 @pytest.mark.parametrize("case", sorted(REFUSALS))
 def test_a_refused_request_fails_with_one_line_and_changes_nothing(live, capsys, tmp_path, case):
-    options, message = REFUSALS[case]
+    options, message, error = REFUSALS[case]
     before = live.trees()
 
     args = live.args(**options(live, tmp_path))
@@ -476,6 +488,8 @@ def test_a_refused_request_fails_with_one_line_and_changes_nothing(live, capsys,
     result = run_staged_rebuild(capsys, {key: value for key, value in args.items() if value is not None})
 
     assert_failed_with(result, message.format(tmp_path=tmp_path))
+    # The core's refusals carry their stable kind; Ansible's own argument checks have none.
+    assert result.get("error") == error
     assert live.builds() == []
     assert live.trees() == before
     assert not live.site.state_root.exists()

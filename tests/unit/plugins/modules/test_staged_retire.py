@@ -12,7 +12,11 @@ import os
 
 import pytest
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import commands, module_support
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import (
+    commands,
+    module_support,
+    settings,
+)
 from ansible_collections.hpcstack.ops.plugins.modules import staged_retire
 from tests.support.module_runner import APP, assert_failed_with, disk, run_on_site
 
@@ -62,7 +66,7 @@ def test_a_second_retire_changes_nothing_and_names_the_first_run(capsys, site):
 
 
 def test_the_state_root_can_come_from_the_hosts_environment(capsys, site, monkeypatch):
-    monkeypatch.setenv(module_support.STATE_ROOT_VARIABLE, str(site.state_root))
+    monkeypatch.setenv(settings.STATE_ROOT_VARIABLE, str(site.state_root))
 
     result = _retire(capsys, site, state_root=None)
 
@@ -247,5 +251,5 @@ def test_a_negative_lock_timeout_fails(capsys, site):
 
     result = _retire(capsys, site, lock_timeout=-1)
 
-    assert_failed_with(result, "lock timeout must be 0 or more seconds (lock_timeout), not -1.0")
+    assert_failed_with(result, "lock_timeout must be 0 or more seconds, not -1.0", error="usage")
     assert disk(site) == before

@@ -13,7 +13,11 @@ from typing import NamedTuple
 
 import pytest
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import commands, module_support
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import (
+    commands,
+    module_support,
+    settings,
+)
 from ansible_collections.hpcstack.ops.plugins.modules import staged_rollback
 from tests.support.module_runner import APP, assert_failed_with, disk, run_on_site
 from tests.support.staged import StagedSite, publish_in_process
@@ -241,7 +245,7 @@ def test_no_state_root_and_no_variable_fails(capsys, published):
 
 def test_the_state_root_can_come_from_the_hosts_environment(capsys, published, monkeypatch):
     site, old_inode = published.site, published.old_inode
-    monkeypatch.setenv(module_support.STATE_ROOT_VARIABLE, str(site.state_root))
+    monkeypatch.setenv(settings.STATE_ROOT_VARIABLE, str(site.state_root))
 
     result = _rollback(capsys, site, state_root=None)
 
@@ -326,5 +330,5 @@ def test_a_negative_lock_timeout_fails(capsys, published):
 
     result = _rollback(capsys, site, lock_timeout=-1)
 
-    assert_failed_with(result, "lock timeout must be 0 or more seconds (lock_timeout), not -1.0")
+    assert_failed_with(result, "lock_timeout must be 0 or more seconds, not -1.0", error="usage")
     assert disk(site) == before

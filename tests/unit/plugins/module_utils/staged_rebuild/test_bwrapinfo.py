@@ -18,7 +18,11 @@ import os
 import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import bwrapinfo
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import (
+    bwrapinfo,
+    module_support,
+    settings,
+)
 
 REQUESTED = ("Tiny/1.0",)
 
@@ -75,7 +79,8 @@ def site(tmp_path):
 def _refusal(site, requested=REQUESTED):
     with pytest.raises(errors.PublishError) as caught:
         site.check(requested)
-    message = str(caught.value)
+    # As the command line prints it: a setting the message names is spelt as its flag.
+    message = settings.cli_message(caught.value)
     assert "\n" not in message
     return message
 
@@ -257,6 +262,11 @@ def test_a_module_that_was_not_requested_is_refused(site):
 
     assert (
         message == "EasyBuild also built Dep/0.5, which was not requested with --module; nothing was swapped"
+    )
+    with pytest.raises(errors.PublishError) as caught:
+        site.check(REQUESTED)
+    assert caught.value.render(module_support.option_name) == (
+        "EasyBuild also built Dep/0.5, which was not requested with modules; nothing was swapped"
     )
 
 

@@ -16,7 +16,9 @@ import pytest
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import backends, cli
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import journal as journals
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild.journal import RunState
 from tests.support.staged import FAKE_EB, StagedSite
+from tests.unit.plugins.module_utils.staged_rebuild.journal_records import publish_journal, trees_of
 
 APP = "TinyApp/1.0"
 PROG = "eb-staged-rebuild: "
@@ -78,8 +80,10 @@ def _one_line_error(captured):
 
 
 def _interrupted_run(site, run_id="run1"):
-    (site.state_root / "runs").mkdir(parents=True, exist_ok=True)
-    return journals.Journal.create(str(site.state_root / "runs"), run_id, kind="publish", state="building")
+    """A rebuild's journal as a crash during its build leaves it."""
+    return publish_journal(
+        site.state_root / "runs", run_id, trees_of(site.installpath), state=RunState.BUILDING
+    )
 
 
 # --json and text output
@@ -196,7 +200,9 @@ def test_a_run_id_that_is_not_a_plain_name_is_refused_by_rollback(site, capsys):
 def test_a_run_id_that_leaves_runs_is_refused_by_every_command_that_takes_one(site, capsys, command):
     # A journal beside runs/ is not a run of this state root; resume would act on it.
     (site.state_root / "runs").mkdir(parents=True)
-    outside = journals.Journal.create(str(site.state_root), "outside", kind="publish", state="publishing")
+    outside = publish_journal(
+        site.state_root, "outside", trees_of(site.installpath), state=RunState.PUBLISHING
+    )
     before = (site.state_root / "outside" / "journal.json").read_bytes()
 
     code = _main(site, command, "../outside")
@@ -204,7 +210,7 @@ def test_a_run_id_that_leaves_runs_is_refused_by_every_command_that_takes_one(si
     assert code == 2
     assert "is not a plain name" in _one_line_error(capsys.readouterr())
     assert (site.state_root / "outside" / "journal.json").read_bytes() == before
-    assert outside.state == "publishing"
+    assert journals.Journal.load(outside.path).state is RunState.PUBLISHING
 
 
 def test_a_broken_journal_is_one_line_and_exit_2(site, capsys):
@@ -214,7 +220,8 @@ def test_a_broken_journal_is_one_line_and_exit_2(site, capsys):
     code = _main(site, "status")
 
     assert code == 2
-    assert "is truncated or not JSON" in _one_line_error(capsys.readouterr())
+    journal = site.state_root / "runs" / "run1" / "journal.json"
+    assert _one_line_error(capsys.readouterr()) == f"journal {journal}: truncated or not JSON (17 bytes)"
 
 
 def test_an_os_error_is_one_line_naming_the_path_and_exit_2(site, capsys):
@@ -387,7 +394,7 @@ def test_a_negative_lock_timeout_is_refused(site, capsys):
     code = _main(site, "--lock-timeout", "-1", "gc")
 
     assert code == 2
-    assert "lock timeout must be 0 or more seconds" in _one_line_error(capsys.readouterr())
+    assert _one_line_error(capsys.readouterr()) == "--lock-timeout must be 0 or more seconds, not -1.0"
 
 
 # rebuild --dry-run

@@ -7,13 +7,14 @@ Builds use the test builder ``tests/builders/fake-eb`` (installpath backend), as
 
 from __future__ import annotations
 
-import math
 import os
 
 import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
+from ansible_collections.hpcstack.ops.plugins.module_utils.common.errors import setting
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import commands, uptodate
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import journal as journals
 from tests.support.staged import StagedSite, fake_eb_request, publish_in_process, snapshot
 
 APP = "TinyApp/1.0"
@@ -57,16 +58,6 @@ def test_rebuild_if_changed_skips_a_module_whose_record_matches(site, monkeypatc
 
     assert (result["changed"], result["state"]) == (False, "up_to_date")
     assert _everything(site) == before
-
-
-def test_rebuild_if_changed_still_refuses_a_bad_request_when_up_to_date(site, monkeypatch):
-    monkeypatch.setattr(
-        uptodate, "compare", lambda request: [{"module": APP, "up_to_date": True, "why": "same"}]
-    )
-    request = dict(_request(site), backend="chroot")
-
-    with pytest.raises(errors.UsageError, match="--backend chroot is not one of"):
-        commands.rebuild_if_changed(request, str(site.state_root), None, {})
 
 
 def test_rebuild_if_changed_rebuilds_a_stale_module_and_says_why(site):
@@ -115,6 +106,38 @@ def test_retire_of_a_file_that_was_rolled_back_and_removed_is_refused(site):
         commands.retire_module(str(site.state_root), module_file, "moved", already_retired_ok=True)
 
 
+def test_retire_of_a_module_file_whose_root_climbs_records_the_directory_it_names(site):
+    # EasyBuild writes a plain root, but a site's own module file may say .../bin/..; the
+    # journal keeps the directory it names, which every command can then read back.
+    module_file = site.module_file(APP)
+    module_file.write_text(f'local root = "{site.live(APP)}/bin/.."\n')
+
+    retired = commands.retire_module(str(site.state_root), str(module_file), "moved")
+
+    journal = journals.find(str(site.state_root), retired["run_id"])
+    assert journal.run.software_dir == str(site.live(APP))
+    assert [run["run_id"] for run in commands.show_status(str(site.state_root))["runs"]] == [
+        retired["run_id"]
+    ]
+    assert commands.roll_back(str(site.state_root), retired["run_id"], 0.0)["changed"] is True
+    assert module_file.is_file()
+
+
+def test_retire_of_a_module_file_with_a_relative_root_is_refused_and_writes_nothing(site):
+    module_file = site.module_file(APP)
+    module_file.write_text('local root = "software/TinyApp/1.0"\n')
+    before = _everything(site)
+
+    with pytest.raises(errors.UsageError) as raised:
+        commands.retire_module(str(site.state_root), str(module_file), "moved")
+
+    assert str(raised.value) == (
+        f"module file {module_file} assigns root 'software/TinyApp/1.0', not an absolute path; "
+        "refusing to retire it"
+    )
+    assert _everything(site) == before
+
+
 def test_retire_dry_run_checks_the_request_and_writes_nothing(site):
     module_file = str(site.module_file(APP))
     before = _everything(site)
@@ -160,19 +183,6 @@ def test_status_reads_a_state_root_without_writing_to_it(site):
     assert _everything(site) == before
 
 
-@pytest.mark.parametrize(
-    ("state_root", "lock_timeout", "message"),
-    [
-        (None, 0.0, "no state root"),
-        ("state", -1.0, "lock timeout must be 0 or more seconds"),
-        ("state", math.nan, "lock timeout must be 0 or more seconds"),
-    ],
-)
-def test_a_bad_state_root_or_lock_timeout_is_refused(state_root, lock_timeout, message):
-    with pytest.raises(errors.UsageError, match=message):
-        commands.state_root_path(state_root, lock_timeout)
-
-
 def test_a_state_root_without_runs_is_refused_for_commands_that_need_runs(tmp_path):
     with pytest.raises(errors.UsageError, match="has no runs"):
         commands.show_status(str(tmp_path))
@@ -186,6 +196,15 @@ def test_failure_message_is_one_line_for_core_and_system_errors(tmp_path):
 
     assert commands.failure_message(raised.value) == f"No such file or directory ({missing})"
     assert commands.failure_message(errors.UsageError("no run x")) == "no run x"
+    assert commands.failure_kind(raised.value) == "os_error"
+    assert commands.failure_kind(errors.UsageError("no run x")) == "usage"
+
+
+def test_failure_message_spells_the_settings_it_names_as_asked(tmp_path):
+    refused = errors.UsageError(f"{setting('modules')} TinyApp/1.0 is given twice")
+
+    assert commands.failure_message(refused) == "--module TinyApp/1.0 is given twice"
+    assert commands.failure_message(refused, name_of=str) == "modules TinyApp/1.0 is given twice"
 
 
 def test_roll_back_dry_run_refuses_what_the_rollback_would_refuse(site):
@@ -200,14 +219,6 @@ def test_roll_back_dry_run_refuses_what_the_rollback_would_refuse(site):
 
     assert str(planned.value) == str(real.value)
     assert _everything(site) == before
-
-
-@pytest.mark.parametrize("hours", [math.nan, math.inf])
-def test_gc_refuses_a_grace_period_that_is_not_a_finite_number(site, hours):
-    _publish(site)
-
-    with pytest.raises(errors.UsageError, match="--grace-hours must be a finite number of hours"):
-        commands.collect_garbage(str(site.state_root), hours, 0.0)
 
 
 def test_gc_dry_run_writes_nothing_even_where_the_state_root_lacks_its_lock_and_retired_dir(tmp_path):

@@ -7,17 +7,21 @@ are real directories; the clock is the ``now`` argument, so the grace arithmetic
 from __future__ import annotations
 
 import datetime
+import json
 import os
+from pathlib import Path
 
 import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import gc
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import gc, paths, settings
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import journal as journals
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild.journal import RunState
+from tests.unit.plugins.module_utils.staged_rebuild.journal_records import publish_journal, retire_journal
 
 T0 = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.timezone.utc)
 HOUR = datetime.timedelta(hours=1)
-GRACE = gc.DEFAULT_GRACE_HOURS * HOUR
+GRACE = settings.DEFAULT_GRACE_HOURS * HOUR
 
 
 class Site:
@@ -49,48 +53,36 @@ class Site:
         (path / "PAYLOAD").write_text(payload + "\n")
         return path
 
-    def publish_run(self, run_id, *modules, state="published", since=T0, retired_paths=None):
+    @property
+    def trees(self):
+        return paths.Trees(str(self.software), str(self.modules))
+
+    def publish_run(self, run_id, *modules, state=RunState.PUBLISHED, since=T0, retired_paths=None):
         """A publish journal, its live trees, its retired siblings and its live module files."""
-        journal = journals.Journal.create(
-            str(self.runs),
-            run_id,
-            kind="publish",
-            state=state,
-            trees={"software": str(self.software), "modules": str(self.modules)},
-        )
-        for module in modules or ("TinyApp/1.0",):
-            name, version = module.split("/")
+        modules = modules or ("TinyApp/1.0",)
+        for module in modules:
             stable = self._tree(self.stable(module), "new")
-            sibling = self._tree(self.sibling(module, run_id), "old")
+            self._tree(self.sibling(module, run_id), "old")
             module_file = self.module_file(module)
             module_file.parent.mkdir(parents=True, exist_ok=True)
             module_file.write_text(f'local root = "{stable}"\n')
-            journal.modules.append(
-                {
-                    "module": module,
-                    "name": name,
-                    "version": version,
-                    "stable_path": str(stable),
-                    "retired_path": (retired_paths or {}).get(module, str(sibling)),
-                    "module_file": str(module_file),
-                }
-            )
+        journal = publish_journal(self.runs, run_id, self.trees, modules, state=state)
+        for entry in journal.modules:
+            assert entry.retired_path == str(self.sibling(entry.module, run_id))
+            entry.retired_path = (retired_paths or {}).get(entry.module, entry.retired_path)
         _age(journal, since)
         return journal
 
-    def retire_run(self, run_id, software_dir, state="retired", since=T0, module_file=None):
+    def retire_run(self, run_id, software_dir, state=RunState.RETIRED, since=T0, module_file=None):
         """A retire journal for ``software_dir`` (its module file already moved away)."""
         module_file = module_file or self.modules / "all" / "Moved" / "1.0.lua"
-        journal = journals.Journal.create(
-            str(self.runs),
+        journal = retire_journal(
+            self.runs,
             run_id,
-            kind="retire",
             state=state,
-            module_file=str(module_file),
-            retired_to=str(self.state_root / "retired" / "stamp" / str(module_file).lstrip("/")),
-            module_sha256="00" * 32,
-            software_dir=str(software_dir),
-            reason="on CVMFS",
+            module_file=module_file,
+            retired_to=self.state_root / "retired" / "stamp" / str(module_file).lstrip("/"),
+            software_dir=software_dir,
             retired_at=since.isoformat(),
         )
         _age(journal, since)
@@ -101,8 +93,8 @@ class Site:
 
 
 def _age(journal, since):
-    journal.data["state_since"] = since.isoformat()
-    journal.data["created"] = since.isoformat()
+    journal.run.state_since = since.isoformat()
+    journal.run.created = since.isoformat()
     journal.save()
 
 
@@ -144,7 +136,8 @@ def test_a_sibling_is_removed_when_the_grace_period_has_just_elapsed(site):
 
 
 def test_the_default_grace_is_120_hours_of_walltime_plus_24(site):
-    assert gc.DEFAULT_GRACE_HOURS == 144.0
+    assert settings.DEFAULT_GRACE_HOURS == 144.0
+    assert site.gc(now=T0)["grace_hours"] == 144.0
 
 
 @pytest.mark.parametrize(
@@ -170,7 +163,7 @@ def test_the_grace_period_is_the_given_hours_after_the_last_change_of_state(
 
 def test_the_grace_period_counts_from_state_since_not_from_creation(site):
     journal = site.publish_run("run1")
-    journal.data["created"] = (T0 - 30 * 24 * HOUR).isoformat()
+    journal.run.created = (T0 - 30 * 24 * HOUR).isoformat()
     journal.save()
 
     report = site.gc(now=T0 + HOUR)
@@ -181,9 +174,11 @@ def test_the_grace_period_counts_from_state_since_not_from_creation(site):
 
 def test_the_grace_period_counts_from_creation_when_state_since_is_missing(site):
     journal = site.publish_run("run1")
-    del journal.data["state_since"]
+    journal.run.state_since = None
     journal.save()
+    assert json.loads(Path(journal.path).read_text())["state_since"] is None
 
+    assert site.gc(now=T0 + GRACE - datetime.timedelta(microseconds=1))["removed"] == []
     assert site.gc(now=T0 + GRACE)["removed"] != []
 
 
@@ -265,7 +260,6 @@ def test_a_journal_doctored_to_name_the_stable_path_stops_gc_and_the_stable_path
     "doctored",
     [
         "{software}/TinyApp/.1.0.other-run",
-        "{software}/TinyApp/1.0/..",
         "{software}/TinyApp/1.0/.",
         "{software}/TinyApp",
         "{software}/Other/.1.0.run1",
@@ -278,13 +272,32 @@ def test_a_journal_naming_anything_but_the_runs_hidden_sibling_stops_gc(site, do
     os.makedirs(target, exist_ok=True)
     before = {path: _identity(site.software / path) for path in ("TinyApp/1.0", "TinyApp/.1.0.run1")}
     journal = journals.find(str(site.state_root), "run1")
-    journal.modules[0]["retired_path"] = target
+    journal.modules[0].retired_path = target
     journal.save()
 
     with pytest.raises(errors.JournalError, match="gc stops"):
         site.gc(now=T0 + 10 * GRACE)
 
     assert os.path.isdir(target)
+    assert {path: _identity(site.software / path) for path in before} == before
+
+
+def test_a_journal_naming_a_path_that_climbs_with_dot_dot_is_not_read_and_gc_stops(site):
+    # {software}/TinyApp/1.0/.. is {software}/TinyApp: the typed journal refuses any ".." path.
+    site.publish_run("run1")
+    before = {path: _identity(site.software / path) for path in ("TinyApp/1.0", "TinyApp/.1.0.run1")}
+    climbing = f"{site.software}/TinyApp/1.0/.."
+    journal = journals.find(str(site.state_root), "run1")
+    journal.modules[0].retired_path = climbing
+    journal.save()
+
+    with pytest.raises(errors.JournalError) as raised:
+        site.gc(now=T0 + 10 * GRACE)
+
+    assert str(raised.value) == (
+        f"journal {journal.path}: modules[0].retired_path must be an absolute path without '..', "
+        f"not {climbing!r}"
+    )
     assert {path: _identity(site.software / path) for path in before} == before
 
 
@@ -325,7 +338,8 @@ def test_a_recorded_sibling_outside_the_runs_software_root_is_not_removed(site, 
     (outside / ".data.run1").mkdir(parents=True)
     (outside / ".data.run1" / "thesis.tex").write_text("precious\n")
     journal = journals.find(str(site.state_root), "run1")
-    journal.modules[0].update(stable_path=str(outside / "data"), retired_path=str(outside / ".data.run1"))
+    journal.modules[0].stable_path = str(outside / "data")
+    journal.modules[0].retired_path = str(outside / ".data.run1")
     journal.save()
 
     with pytest.raises(errors.HpcstackError):
@@ -348,21 +362,23 @@ def test_one_unreadable_journal_stops_gc_before_anything_is_removed(site):
 # interrupted runs
 
 
-@pytest.mark.parametrize("state", ["building", "planning", "publishing", "rolling_back"])
+@pytest.mark.parametrize(
+    "state", [RunState.BUILDING, RunState.PLANNING, RunState.PUBLISHING, RunState.ROLLING_BACK]
+)
 def test_an_interrupted_publish_run_is_reported_and_its_sibling_kept(site, state):
     site.publish_run("run1", state=state)
 
     report = site.gc(now=T0 + 10 * GRACE)
 
     assert report["interrupted"] == [
-        {"run_id": "run1", "state": state, "why": "interrupted: 'eb-staged-rebuild resume'"}
+        {"run_id": "run1", "state": state.value, "why": "interrupted: 'eb-staged-rebuild resume'"}
     ]
     assert report["removed"] == []
     assert site.sibling("TinyApp/1.0", "run1").is_dir()
 
 
 def test_an_interrupted_retire_is_reported_with_its_rollback_command(site):
-    site.retire_run("retire-1", site.software / "Moved" / "1.0", state="retiring")
+    site.retire_run("retire-1", site.software / "Moved" / "1.0", state=RunState.RETIRING)
 
     report = site.gc(now=T0 + 10 * GRACE)
 
@@ -376,7 +392,7 @@ def test_an_interrupted_retire_is_reported_with_its_rollback_command(site):
     assert (report["kept"], report["manual"]) == ([], [])
 
 
-@pytest.mark.parametrize("state", ["failed", "rolled_back"])
+@pytest.mark.parametrize("state", [RunState.FAILED, RunState.ROLLED_BACK])
 def test_a_finished_run_that_did_not_publish_is_collected_too(site, state):
     site.publish_run("run1", state=state)
 
@@ -396,7 +412,7 @@ def test_a_state_root_without_runs_reports_nothing(site):
         "interrupted": [],
         "changed": False,
         "dry_run": False,
-        "grace_hours": gc.DEFAULT_GRACE_HOURS,
+        "grace_hours": settings.DEFAULT_GRACE_HOURS,
     }
 
 
@@ -458,7 +474,7 @@ def test_a_module_file_that_a_rolled_back_retire_put_back_keeps_its_software_dir
     module_file = site.modules / "all" / "Moved" / "1.0.lua"
     module_file.parent.mkdir(parents=True)
     module_file.write_text(f'local root = "{software_dir}/bin/.."\n')
-    site.retire_run("retire-1", software_dir, state="rolled_back", module_file=module_file)
+    site.retire_run("retire-1", software_dir, state=RunState.ROLLED_BACK, module_file=module_file)
     site.retire_run("retire-2", software_dir, since=T0 + HOUR)
 
     report = site.gc(now=T0 + 10 * GRACE)
@@ -469,7 +485,7 @@ def test_a_module_file_that_a_rolled_back_retire_put_back_keeps_its_software_dir
 
 
 def test_a_rolled_back_retire_is_not_itself_reported(site):
-    site.retire_run("retire-1", _software_dir(site), state="rolled_back")
+    site.retire_run("retire-1", _software_dir(site), state=RunState.ROLLED_BACK)
 
     report = site.gc(now=T0 + 10 * GRACE)
 

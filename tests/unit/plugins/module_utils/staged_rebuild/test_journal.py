@@ -1,14 +1,19 @@
-"""The run journal: creation, the refusals of ``load``, write-through steps and the crash hook.
+"""The run journal: creation, the typed load and each of its refusals, the step names, the step
+engine (write-through, fault points), the crash hook, and the listing of a state root's runs.
 
-Journals are real files under ``tmp_path``; the crash hook is exercised in a forked child
-that really dies by SIGKILL, and the parent reads what the child left on disk.
+Journals are real files under ``tmp_path``. The documents that ``load`` refuses start from a
+journal as the previous release wrote it (``PREVIOUS_PUBLISH``) with one thing wrong. The
+crash hook is exercised in a forked child that really dies by SIGKILL, and the parent reads
+what the child left on disk.
 """
 
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 import os
+import re
 import signal
 import stat
 
@@ -16,8 +21,106 @@ import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import journal as journals
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import paths, records, swap
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild.faults import (
+    Faults,
+    InjectedFailure,
+)
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild.journal import (
+    RunKind,
+    RunState,
+    Step,
+    StepKind,
+    StepName,
+    StepStatus,
+)
+from tests.unit.plugins.module_utils.staged_rebuild.journal_records import (
+    APP,
+    publish_journal,
+    rebuild_request,
+    retire_journal,
+)
 
-STEP = "swap TinyApp/1.0"
+SWAP = StepName(StepKind.SWAP, APP)
+MARKER = StepName(StepKind.MARKER, APP)
+STATES = "building, planning, publishing, published, failed, rolling_back, rolled_back, retiring, retired"
+
+# A journal as the previous release wrote it (schema 4: a ledger; rolled back), shortened to
+# one module and a few steps of each kind.
+PREVIOUS_PUBLISH = {
+    "backend": "installpath",
+    "created": "2026-12-01T22:44:01.970777+00:00",
+    "kind": "publish",
+    "modules": [
+        {
+            "class_link_previous": {"tools": "/apps/modules/all/TinyApp/1.0.lua"},
+            "class_links": ["tools"],
+            "live_ino": 2704784,
+            "live_record": "/apps/.eb-staged-rebuild/runs/run2/live/TinyApp/1.0.json",
+            "module": "TinyApp/1.0",
+            "module_backup": "/apps/.eb-staged-rebuild/runs/run2/backup/TinyApp/1.0.lua",
+            "module_file": "/apps/modules/all/TinyApp/1.0.lua",
+            "name": "TinyApp",
+            "new_module_sha256": "d96b7013c2a1181fd08db315da6fd34fbaed0a8982cbea5acaac6ac51b841863",
+            "old_module_sha256": "d96b7013c2a1181fd08db315da6fd34fbaed0a8982cbea5acaac6ac51b841863",
+            "prepared_module": "/apps/.eb-staged-rebuild/runs/run2/prepared/TinyApp/1.0.lua",
+            "retired_path": "/apps/software/TinyApp/.1.0.run2",
+            "stable_path": "/apps/software/TinyApp/1.0",
+            "stage_ino": 3214273,
+            "version": "1.0",
+        }
+    ],
+    "relocated_files": 2,
+    "request": {
+        "allow_unrelocated": False,
+        "backend": "installpath",
+        "eb": "/opt/easybuild/bin/eb",
+        "eb_args": ["TinyApp-1.0.eb"],
+        "ledger_config": "/etc/eb-staged-rebuild/ledger-config.json",
+        "lock_timeout": 0.0,
+        "modules": "/apps/modules",
+        "modules_requested": ["TinyApp/1.0"],
+        "prepare": None,
+        "run_id": "run2",
+        "skip_live_check": False,
+        "software": "/apps/software",
+    },
+    "run_id": "run2",
+    "schema": 4,
+    "state": "rolled_back",
+    "state_since": "2026-12-01T22:44:02.859349+00:00",
+    "steps": [
+        {"at": "2026-12-01T22:44:01.995570+00:00", "status": "done", "step": "build"},
+        {"at": "2026-12-01T22:44:02.347949+00:00", "status": "done", "step": "swap TinyApp/1.0"},
+        {"at": "2026-12-01T22:44:02.397255+00:00", "status": "done", "step": "class-link tools TinyApp/1.0"},
+        {"at": "2026-12-01T22:44:02.426426+00:00", "ledger_length": 0, "status": "done", "step": "ledger"},
+        {
+            "at": "2026-12-01T22:44:02.794147+00:00",
+            "status": "done",
+            "step": "rollback class-link tools TinyApp/1.0",
+        },
+        {"at": "2026-12-01T22:44:02.822637+00:00", "status": "done", "step": "rollback swap TinyApp/1.0"},
+    ],
+    "trees": {"modules": "/apps/modules", "software": "/apps/software"},
+    "updated": "2026-12-01T22:44:02.859364+00:00",
+}
+PREVIOUS_RETIRE = {
+    "created": "2026-12-01T22:44:04.390401+00:00",
+    "kind": "retire",
+    "module_file": "/apps/modules/all/TinyLib/1.0.lua",
+    "module_sha256": "5739c42aa4d703b34f2fcc338fb5175b6c7dc7dce291488dee5077f85e2fafb8",
+    "modules": [],
+    "reason": "moved",
+    "retired_at": "2026-12-01T22:44:04.385019+00:00",
+    "retired_to": "/apps/.eb-staged-rebuild/retired/20261201T224404384606Z/apps/modules/all/TinyLib/1.0.lua",
+    "run_id": "retire-20261201T224404384606Z",
+    "schema": 2,
+    "software_dir": "/apps/software/TinyLib/1.0",
+    "state": "retired",
+    "state_since": "2026-12-01T22:44:04.397524+00:00",
+    "steps": [],
+    "updated": "2026-12-01T22:44:04.397537+00:00",
+}
 
 
 @pytest.fixture
@@ -27,8 +130,12 @@ def runs(tmp_path):
     return path
 
 
-def _create(runs, run_id="run1", **fields):
-    return journals.Journal.create(str(runs), run_id, kind="publish", state="building", **fields)
+def _trees(tmp_path):
+    return paths.Trees(str(tmp_path / "apps" / "software"), str(tmp_path / "apps" / "modules"))
+
+
+def _create(runs, run_id="run1", **request_fields):
+    return publish_journal(runs, run_id, _trees(runs.parent), **request_fields)
 
 
 def _on_disk(journal):
@@ -42,10 +149,46 @@ def _write(path, data):
     return path
 
 
-def _valid(**changes):
-    data = {"schema": 2, "kind": "publish", "run_id": "run1", "state": "building", "modules": [], "steps": []}
-    data.update(changes)
-    return data
+def _place(document, where):
+    """The object that holds ``where`` (``modules[0].stage_ino``) in ``document``, and its key."""
+    parts = [int(part) if part.isdigit() else part for part in re.findall(r"[^.\[\]]+", where)]
+    holder = document
+    for part in parts[:-1]:
+        holder = holder[part]
+    return holder, parts[-1]
+
+
+def _with(document, **values):
+    """A copy of ``document`` with the top-level fields ``values``."""
+    return dict(copy.deepcopy(document), **values)
+
+
+def _set(document, where, value):
+    """A copy of ``document`` with ``value`` at ``where`` (``modules[0].stage_ino``)."""
+    document = copy.deepcopy(document)
+    holder, key = _place(document, where)
+    holder[key] = value
+    return document
+
+
+def _without(document, where):
+    document = copy.deepcopy(document)
+    holder, key = _place(document, where)
+    del holder[key]
+    return document
+
+
+def _refusal(tmp_path, document):
+    """``load``'s one line for ``document`` written as a journal, without the path prefix."""
+    path = _write(tmp_path / "journal.json", document)
+    with pytest.raises(errors.JournalError) as raised:
+        journals.Journal.load(str(path))
+    message = str(raised.value)
+    assert "\n" not in message
+    assert raised.value.kind == "journal"
+    prefix = f"journal {path}: "
+    assert message.startswith(prefix)
+    return message[len(prefix) :]
 
 
 # create
@@ -59,21 +202,30 @@ def test_create_makes_the_run_directory_private_and_writes_the_first_journal(run
     data = _on_disk(journal)
     assert data["schema"] == journals.SCHEMA_SWAP
     assert (data["kind"], data["run_id"], data["state"]) == ("publish", "run1", "building")
-    assert (data["modules"], data["steps"]) == ([], [])
+    assert data["steps"] == []
+    assert [entry["module"] for entry in data["modules"]] == [APP]
     assert data["created"] == data["state_since"]
 
 
-def test_create_stores_extra_fields_and_the_ledger_schema(runs):
-    journal = _create(runs, schema=journals.SCHEMA_SWAP_LEDGER, trees={"software": "/s", "modules": "/m"})
+def test_create_stores_the_request_and_the_trees(runs):
+    journal = _create(runs)
 
     data = _on_disk(journal)
-    assert data["schema"] == 4
-    assert data["trees"] == {"software": "/s", "modules": "/m"}
+    trees = _trees(runs.parent)
+    assert data["trees"] == {"software": trees.software, "modules": trees.modules}
+    assert data["request"] == records.dump(rebuild_request(trees))
+    assert data["backend"] == "installpath"
+
+
+def test_create_writes_the_ledger_schema_for_a_request_with_a_ledger(runs):
+    journal = _create(runs, ledger_config="/etc/ledger-config.json")
+
+    assert _on_disk(journal)["schema"] == journals.SCHEMA_SWAP_LEDGER == 4
 
 
 def test_create_refuses_an_existing_run_id_and_keeps_its_journal(runs):
     first = _create(runs)
-    first.start("build")
+    first.begin(StepName(StepKind.BUILD))
     before = (runs / "run1" / "journal.json").read_bytes()
 
     with pytest.raises(errors.UsageError, match=r"run run1 exists already .*runs/run1.*--run-id"):
@@ -91,24 +243,170 @@ def test_create_refuses_a_run_id_whose_directory_exists_without_a_journal(runs):
     assert os.listdir(runs / "run1") == []
 
 
-# load
+# load: what it reads
 
 
 def test_load_reads_back_what_create_wrote(runs):
-    journal = _create(runs, trees={"software": "/s", "modules": "/m"})
+    journal = _create(runs)
 
     loaded = journals.Journal.load(journal.path)
 
-    assert loaded.data == journal.data
-    assert (loaded.run_id, loaded.state, loaded.modules) == ("run1", "building", [])
+    assert loaded.run == journal.run
+    assert (loaded.run_id, loaded.state, loaded.modules) == ("run1", RunState.BUILDING, journal.modules)
+    assert loaded.run.trees == _trees(runs.parent)
+    assert loaded.run.request == rebuild_request(_trees(runs.parent))
     assert loaded.run_dir == str(runs / "run1")
+
+
+def test_a_publish_journal_as_the_previous_release_wrote_it_loads(tmp_path):
+    path = _write(tmp_path / "journal.json", PREVIOUS_PUBLISH)
+
+    run = journals.Journal.load(str(path)).run
+
+    assert (run.schema, run.kind, run.state) == (4, RunKind.PUBLISH, RunState.ROLLED_BACK)
+    (entry,) = run.modules
+    assert (entry.module, entry.stage_ino, entry.class_link_previous) == (
+        APP,
+        3214273,
+        {"tools": "/apps/modules/all/TinyApp/1.0.lua"},
+    )
+    assert run.request.ledger_config == "/etc/eb-staged-rebuild/ledger-config.json"
+    assert run.request.ledger is None  # read from its file again when needed (ledger_settings)
+    assert [str(step.step) for step in run.steps] == [step["step"] for step in PREVIOUS_PUBLISH["steps"]]
+    assert [step.ledger_length for step in run.steps if step.step.kind is StepKind.LEDGER] == [0]
+
+
+def test_a_retire_journal_as_the_previous_release_wrote_it_loads(tmp_path):
+    path = _write(tmp_path / "journal.json", PREVIOUS_RETIRE)
+
+    run = journals.Journal.load(str(path)).run
+
+    assert (run.kind, run.state, run.reason) == (RunKind.RETIRE, RunState.RETIRED, "moved")
+    assert run.software_dir == "/apps/software/TinyLib/1.0"
+
+
+def _nulls_dropped(value):
+    if isinstance(value, dict):
+        return {key: _nulls_dropped(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [_nulls_dropped(item) for item in value]
+    return value
+
+
+def test_what_load_read_is_saved_back_as_it_was_but_for_nulls_and_the_time(tmp_path):
+    """Every field is written, a field the old journal left out as null; nothing else changes."""
+    path = _write(tmp_path / "journal.json", PREVIOUS_PUBLISH)
+    journal = journals.Journal.load(str(path))
+
+    journal.save()
+
+    saved = _on_disk(journal)
+    assert datetime.datetime.fromisoformat(saved.pop("updated")) > datetime.datetime.fromisoformat(
+        PREVIOUS_PUBLISH["updated"]
+    )
+    assert _nulls_dropped(saved) == _nulls_dropped(_without(PREVIOUS_PUBLISH, "updated"))
+    assert saved["module_file"] is None  # a retire run's field, null in a publish run
 
 
 @pytest.mark.parametrize("schema", [2, 4])
 def test_load_accepts_the_directory_swap_schemas(tmp_path, schema):
-    path = _write(tmp_path / "journal.json", _valid(schema=schema))
+    path = _write(tmp_path / "journal.json", _with(PREVIOUS_PUBLISH, schema=schema))
 
-    assert journals.Journal.load(str(path)).data["schema"] == schema
+    assert journals.Journal.load(str(path)).run.schema == schema
+
+
+# load: the refusals of the file itself
+
+
+def test_load_refuses_a_missing_journal_naming_it(tmp_path):
+    path = tmp_path / "runs" / "run1" / "journal.json"
+
+    with pytest.raises(errors.JournalError) as raised:
+        journals.Journal.load(str(path))
+
+    assert str(raised.value) == f"journal {path}: cannot read it: No such file or directory"
+
+
+def test_load_refuses_a_directory_in_place_of_the_journal(tmp_path):
+    path = tmp_path / "journal.json"
+    path.mkdir()
+
+    with pytest.raises(errors.JournalError) as raised:
+        journals.Journal.load(str(path))
+
+    assert str(raised.value) == f"journal {path}: not a regular file"
+
+
+def test_load_refuses_a_fifo_in_place_of_the_journal_without_blocking(tmp_path):
+    path = tmp_path / "journal.json"
+    os.mkfifo(path)
+
+    with pytest.raises(errors.JournalError) as raised:
+        journals.Journal.load(str(path))
+
+    assert str(raised.value) == f"journal {path}: not a regular file"
+
+
+def test_load_refuses_a_symlinked_journal_and_does_not_follow_it(tmp_path):
+    target = _write(tmp_path / "elsewhere.json", PREVIOUS_PUBLISH)
+    path = tmp_path / "journal.json"
+    path.symlink_to(target)
+
+    with pytest.raises(errors.JournalError) as raised:
+        journals.Journal.load(str(path))
+
+    assert str(raised.value) == f"journal {path}: a symbolic link; refusing to follow it"
+
+
+def test_load_refuses_a_journal_larger_than_any_journal(tmp_path, monkeypatch):
+    monkeypatch.setattr(journals, "MAX_BYTES", 100)
+
+    assert _refusal(tmp_path, b" " * 101) == "larger than 100 bytes"
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        (b"", "truncated or not JSON (0 bytes)"),
+        (b'{"schema": 2, "kind": "publish", "run_id": "ru', "truncated or not JSON (46 bytes)"),
+        (b"{'schema': 2}", "truncated or not JSON (13 bytes)"),
+        (b"\xff\xfe not utf-8", "not UTF-8 (12 bytes)"),
+    ],
+    ids=["empty", "cut-off", "python-literal", "not-utf8"],
+)
+def test_load_refuses_a_truncated_or_non_json_journal_with_its_size(tmp_path, raw, why):
+    assert _refusal(tmp_path, raw) == why
+
+
+def test_load_refuses_a_key_given_twice(tmp_path):
+    raw = json.dumps(PREVIOUS_RETIRE)[:-1] + ', "reason": "other"}'
+
+    assert _refusal(tmp_path, raw.encode()) == "the key 'reason' appears twice in one object"
+
+
+def test_load_refuses_a_key_given_twice_in_a_nested_object(tmp_path):
+    raw = json.dumps(PREVIOUS_PUBLISH).replace('"name": "TinyApp"', '"name": "TinyApp", "name": "Other"')
+
+    assert _refusal(tmp_path, raw.encode()) == "the key 'name' appears twice in one object"
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_load_refuses_a_number_json_does_not_have(tmp_path, constant):
+    raw = json.dumps(PREVIOUS_PUBLISH).replace('"lock_timeout": 0.0', f'"lock_timeout": {constant}')
+
+    assert _refusal(tmp_path, raw.encode()) == f"{constant} is not a JSON number"
+
+
+# load: the refusals of the document's shape
+
+
+@pytest.mark.parametrize("document", [[1, 2], "schema", 2, None], ids=["list", "string", "number", "null"])
+def test_load_refuses_a_json_document_that_is_not_an_object(tmp_path, document):
+    assert _refusal(tmp_path, document) == "no schema field"
+
+
+def test_load_refuses_a_journal_without_a_schema(tmp_path):
+    assert _refusal(tmp_path, _without(PREVIOUS_PUBLISH, "schema")) == "no schema field"
 
 
 @pytest.mark.parametrize(
@@ -119,141 +417,535 @@ def test_load_accepts_the_directory_swap_schemas(tmp_path, schema):
     ],
 )
 def test_load_refuses_the_generation_pointer_schemas_and_says_why(tmp_path, schema, why):
-    path = _write(tmp_path / "journal.json", _valid(schema=schema))
-
-    with pytest.raises(errors.JournalError) as raised:
-        journals.Journal.load(str(path))
-
-    message = str(raised.value)
-    assert str(path) in message
-    assert why in message
-    assert "only swaps directories (schemas 2 and 4)" in message
-    assert "\n" not in message
+    assert _refusal(tmp_path, _with(PREVIOUS_PUBLISH, schema=schema)) == (
+        f"{why}; this version only swaps directories (schemas 2 and 4)"
+    )
 
 
 @pytest.mark.parametrize(
     "schema", [0, 5, 99, "2", None, [2], True], ids=["0", "5", "99", "string", "null", "list", "true"]
 )
 def test_load_refuses_an_unknown_schema_naming_it(tmp_path, schema):
-    path = _write(tmp_path / "journal.json", _valid(schema=schema))
+    # JSON true equals 1 to Python, and must not pass for schema 1 (or any integer) either.
+    assert (
+        _refusal(tmp_path, _with(PREVIOUS_PUBLISH, schema=schema))
+        == f"unknown schema {schema!r} (known: 2, 4)"
+    )
 
-    with pytest.raises(errors.JournalError) as raised:
-        journals.Journal.load(str(path))
 
-    assert f"{path} has unknown schema {schema!r} (known: 2, 4)" in str(raised.value)
+def test_load_refuses_a_schema_that_is_a_number_but_not_an_integer(tmp_path):
+    assert (
+        _refusal(tmp_path, _with(PREVIOUS_PUBLISH, schema=2.0)) == "schema must be an integer, not a number"
+    )
+
+
+def _nested(levels):
+    value = "x"
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def test_load_refuses_a_document_nested_deeper_than_a_journal_before_reading_its_fields(tmp_path):
+    # A run, its modules, an entry, its class links: four levels. Nine are no journal.
+    document = _set(PREVIOUS_PUBLISH, "modules[0].class_links", _nested(6))
+
+    assert records.depth(document) == journals.MAX_DEPTH + 1
+    assert _refusal(tmp_path, document) == f"nested deeper than {journals.MAX_DEPTH} levels"
+
+
+def test_a_document_nested_as_deep_as_the_limit_is_read_field_by_field(tmp_path):
+    document = _set(PREVIOUS_PUBLISH, "modules[0].class_links", _nested(5))
+
+    assert records.depth(document) == journals.MAX_DEPTH
+    assert _refusal(tmp_path, document) == "modules[0].class_links[0] must be a string, not a list"
+
+
+def test_load_refuses_a_document_nested_too_deep_for_the_parser(tmp_path):
+    raw = b'{"schema": 2, "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+
+    assert _refusal(tmp_path, raw) == f"nested deeper than {journals.MAX_DEPTH} levels"
+
+
+# load: every field's presence
 
 
 @pytest.mark.parametrize(
-    "raw",
+    "field",
     [
-        b"",
-        b'{"schema": 2, "kind": "publish", "run_id": "ru',
-        b"\xff\xfe not utf-8",
-        b"{'schema': 2}",
+        "kind",
+        "run_id",
+        "state",
+        "created",
+        "updated",
+        "modules",
+        "steps",
+        "request.software",
+        "request.modules",
+        "request.modules_requested",
+        "request.eb",
+        "request.eb_args",
+        "trees.software",
+        "trees.modules",
+        "modules[0].module",
+        "modules[0].name",
+        "modules[0].version",
+        "modules[0].stable_path",
+        "modules[0].retired_path",
+        "modules[0].module_file",
+        "steps[0].step",
+        "steps[0].status",
+        "steps[0].at",
     ],
-    ids=["empty", "cut-off", "not-utf8", "python-literal"],
 )
-def test_load_refuses_a_truncated_or_non_json_journal_with_its_size(tmp_path, raw):
-    path = _write(tmp_path / "journal.json", raw)
-
-    with pytest.raises(errors.JournalError) as raised:
-        journals.Journal.load(str(path))
-
-    assert str(raised.value) == f"journal {path} is truncated or not JSON ({len(raw)} bytes)"
-
-
-@pytest.mark.parametrize("field", ["kind", "run_id", "state", "modules", "steps"])
 def test_load_refuses_a_journal_missing_a_field_naming_it(tmp_path, field):
-    data = _valid()
-    del data[field]
-    path = _write(tmp_path / "journal.json", data)
+    assert _refusal(tmp_path, _without(PREVIOUS_PUBLISH, field)) == f"{field} is missing"
+
+
+@pytest.mark.parametrize("field", ["trees", "request", "backend"])
+def test_load_refuses_a_publish_journal_missing_what_a_publish_run_has(tmp_path, field):
+    assert (
+        _refusal(tmp_path, _without(PREVIOUS_PUBLISH, field)) == f"{field} is missing (a publish run has it)"
+    )
+
+
+@pytest.mark.parametrize(
+    "field", ["module_file", "retired_to", "module_sha256", "software_dir", "reason", "retired_at"]
+)
+def test_load_refuses_a_retire_journal_missing_what_a_retire_run_has(tmp_path, field):
+    assert _refusal(tmp_path, _without(PREVIOUS_RETIRE, field)) == f"{field} is missing (a retire run has it)"
+
+
+def test_a_null_in_place_of_a_retire_field_is_as_missing(tmp_path):
+    assert (
+        _refusal(tmp_path, _with(PREVIOUS_RETIRE, reason=None)) == "reason is missing (a retire run has it)"
+    )
+
+
+@pytest.mark.parametrize(
+    "where", ["colour", "request.colour", "trees.colour", "modules[0].colour", "steps[0].method"]
+)
+def test_load_refuses_a_field_this_version_does_not_know(tmp_path, where):
+    holder, key = _place(copy.deepcopy(PREVIOUS_PUBLISH), where)
+    document = _set(PREVIOUS_PUBLISH, where, "blue")
+
+    assert key not in holder
+    assert _refusal(tmp_path, document) == f"{where} is not a field this version knows"
+
+
+# load: every field's type and shape
+
+RUN_FIELDS = [
+    ("kind", "nope", "kind is 'nope', not one of publish, retire"),
+    ("kind", 1, "kind is 1, not one of publish, retire"),
+    ("run_id", 7, "run_id must be a string, not a number"),
+    ("run_id", "../x", "run_id: run id '../x' is not a plain name ([A-Za-z0-9._-], at most 128)"),
+    ("run_id", "run\x002", "run_id contains a NUL byte"),
+    ("state", "paused", f"state is 'paused', not one of {STATES}"),
+    ("state", None, f"state is None, not one of {STATES}"),
+    ("created", "yesterday", "created is not an ISO 8601 time: 'yesterday'"),
+    ("created", "2026-01-01T00:00:00", "created has no UTC offset: '2026-01-01T00:00:00'"),
+    ("updated", 1767225600, "updated must be a string, not a number"),
+    (
+        "state_since",
+        "2026-13-01T00:00:00+00:00",
+        "state_since is not an ISO 8601 time: '2026-13-01T00:00:00+00:00'",
+    ),
+    ("modules", {}, "modules must be a list, not an object"),
+    ("steps", "build", "steps must be a list, not a string"),
+    ("trees", [], "trees must be an object, not a list"),
+    (
+        "trees.software",
+        "apps/software",
+        "trees.software must be an absolute path without '..', not 'apps/software'",
+    ),
+    ("request", "TinyApp/1.0", "request must be an object, not a string"),
+    ("request.eb_args", [1], "request.eb_args[0] must be a string, not a number"),
+    ("request.modules_requested", "TinyApp/1.0", "request.modules_requested must be a list, not a string"),
+    ("request.lock_timeout", "soon", "request.lock_timeout must be a finite number, not a string"),
+    ("request.skip_live_check", "no", "request.skip_live_check must be true or false, not a string"),
+    ("request.ledger", {"site": "hpc1"}, "request.ledger.path is missing"),
+    (
+        "request.ledger",
+        {"path": "ledger.jsonl"},
+        "request.ledger.path must be an absolute path without '..', not 'ledger.jsonl'",
+    ),
+    ("backend", 1, "backend must be a string, not a number"),
+    ("relocated_files", True, "relocated_files must be an integer, not true/false"),
+    ("refused", "yes", "refused must be true or false, not a string"),
+    ("resumed", "now", "resumed is not an ISO 8601 time: 'now'"),
+]
+
+
+@pytest.mark.parametrize(("where", "value", "why"), RUN_FIELDS, ids=[f"{w}={v!r}" for w, v, _ in RUN_FIELDS])
+def test_load_refuses_a_run_field_of_the_wrong_type_or_shape(tmp_path, where, value, why):
+    assert _refusal(tmp_path, _set(PREVIOUS_PUBLISH, where, value)) == why
+
+
+RETIRE_FIELDS = [
+    (
+        "module_file",
+        "modules/all/x.lua",
+        "module_file must be an absolute path without '..', not 'modules/all/x.lua'",
+    ),
+    (
+        "retired_to",
+        "/apps/../x.lua",
+        "retired_to must be an absolute path without '..', not '/apps/../x.lua'",
+    ),
+    ("module_sha256", "00", "module_sha256 is not a SHA-256 in hex: '00'"),
+    ("software_dir", 5, "software_dir must be a string, not a number"),
+    ("reason", ["moved"], "reason must be a string, not a list"),
+    ("retired_at", "2026-12-01", "retired_at has no UTC offset: '2026-12-01'"),
+]
+
+
+@pytest.mark.parametrize(("where", "value", "why"), RETIRE_FIELDS, ids=[w for w, _, _ in RETIRE_FIELDS])
+def test_load_refuses_a_retire_field_of_the_wrong_type_or_shape(tmp_path, where, value, why):
+    assert _refusal(tmp_path, _set(PREVIOUS_RETIRE, where, value)) == why
+
+
+ENTRY_FIELDS = [
+    ("module", "TinyApp/2.0", "modules[0].module 'TinyApp/2.0' is not its name/version"),
+    ("module", 1, "modules[0].module must be a string, not a number"),
+    ("name", None, "modules[0].name must be a string, not null"),
+    ("version", 1.0, "modules[0].version must be a string, not a number"),
+    (
+        "stable_path",
+        "software/TinyApp/1.0",
+        "modules[0].stable_path must be an absolute path without '..', not 'software/TinyApp/1.0'",
+    ),
+    (
+        "retired_path",
+        "/apps/software/TinyApp/1.0/..",
+        "modules[0].retired_path must be an absolute path without '..', not '/apps/software/TinyApp/1.0/..'",
+    ),
+    ("module_file", 3, "modules[0].module_file must be a string, not a number"),
+    (
+        "live_record",
+        "live/TinyApp/1.0.json",
+        "modules[0].live_record must be an absolute path without '..', not 'live/TinyApp/1.0.json'",
+    ),
+    ("prepared_module", False, "modules[0].prepared_module must be a string, not true/false"),
+    ("new_module_sha256", "d96b", "modules[0].new_module_sha256 is not a SHA-256 in hex: 'd96b'"),
+    ("old_module_sha256", "D" * 64, f"modules[0].old_module_sha256 is not a SHA-256 in hex: {'D' * 64!r}"),
+    ("class_links", "tools", "modules[0].class_links must be a list, not a string"),
+    ("class_links", [None], "modules[0].class_links[0] must be a string, not null"),
+    (
+        "module_backup",
+        "backup.lua",
+        "modules[0].module_backup must be an absolute path without '..', not 'backup.lua'",
+    ),
+    ("stage_ino", True, "modules[0].stage_ino must be an integer, not true/false"),
+    ("stage_ino", "3214273", "modules[0].stage_ino must be an integer, not a string"),
+    ("live_ino", 1.5, "modules[0].live_ino must be an integer, not a number"),
+    ("class_link_previous", ["tools"], "modules[0].class_link_previous must be an object, not a list"),
+    (
+        "class_link_previous",
+        {"tools": 3},
+        "modules[0].class_link_previous.tools must be a string, not a number",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "why"), ENTRY_FIELDS, ids=[f"{f}={v!r}" for f, v, _ in ENTRY_FIELDS]
+)
+def test_load_refuses_a_module_entry_field_of_the_wrong_type_or_shape(tmp_path, field, value, why):
+    assert _refusal(tmp_path, _set(PREVIOUS_PUBLISH, f"modules[0].{field}", value)) == why
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "version"),
+    [("../1.0", "..", "1.0"), ("TinyApp/.1.0", "TinyApp", ".1.0"), ("a b/1.0", "a b", "1.0")],
+)
+def test_load_refuses_a_module_entry_whose_module_is_not_a_name_version(tmp_path, module, name, version):
+    entry = dict(PREVIOUS_PUBLISH["modules"][0], module=module, name=name, version=version)
+    document = _with(PREVIOUS_PUBLISH, modules=[entry])
+
+    assert _refusal(tmp_path, document) == f"modules[0].module {module!r} is not NAME/VERSION"
+
+
+def test_load_refuses_a_module_entry_that_is_not_an_object(tmp_path):
+    assert (
+        _refusal(tmp_path, _with(PREVIOUS_PUBLISH, modules=[APP]))
+        == "modules[0] must be an object, not a string"
+    )
+
+
+STEP_FIELDS = [
+    (
+        "step",
+        "frobnicate TinyApp/1.0",
+        "steps[0].step is 'frobnicate TinyApp/1.0', not a step this version knows",
+    ),
+    ("step", "undo frobnicate", "steps[0].step is 'undo frobnicate', not a step this version knows"),
+    ("step", "Swap TinyApp/1.0", "steps[0].step is 'Swap TinyApp/1.0', not a step this version knows"),
+    ("step", "swap", "steps[0].step is 'swap': a swap step names 1 more words"),
+    (
+        "step",
+        "swap TinyApp/1.0 again",
+        "steps[0].step is 'swap TinyApp/1.0 again': a swap step names 1 more words",
+    ),
+    ("step", "build TinyApp/1.0", "steps[0].step is 'build TinyApp/1.0': a build step names 0 more words"),
+    (
+        "step",
+        "class-link TinyApp/1.0",
+        "steps[0].step is 'class-link TinyApp/1.0': a class-link step names 2 more words",
+    ),
+    ("step", "swap ../1.0", "steps[0].step is 'swap ../1.0': '../1.0' is not NAME/VERSION"),
+    ("step", 5, "steps[0].step must be a string, not int"),
+    ("status", "running", "steps[0].status is 'running', not one of started, done"),
+    ("at", "soon", "steps[0].at is not an ISO 8601 time: 'soon'"),
+    ("ledger_length", "0", "steps[0].ledger_length must be an integer, not a string"),
+]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "why"), STEP_FIELDS, ids=[f"{f}={v!r}" for f, v, _ in STEP_FIELDS]
+)
+def test_load_refuses_a_step_whose_kind_name_or_field_is_wrong(tmp_path, field, value, why):
+    assert _refusal(tmp_path, _set(PREVIOUS_PUBLISH, f"steps[0].{field}", value)) == why
+
+
+def test_load_refuses_a_run_id_that_is_not_its_directory_s_name(runs):
+    path = _write(runs / "run1" / "journal.json", PREVIOUS_PUBLISH)
 
     with pytest.raises(errors.JournalError) as raised:
         journals.Journal.load(str(path))
 
-    assert str(raised.value) == f"journal {path} lacks the field {field!r}"
+    assert str(raised.value) == f"journal {path}: run_id 'run2' is not its directory's name"
 
 
-def test_load_refuses_a_journal_without_a_schema(tmp_path):
-    data = _valid()
-    del data["schema"]
-    path = _write(tmp_path / "journal.json", data)
+def test_a_journal_outside_a_runs_directory_need_not_match_its_directory(tmp_path):
+    path = _write(tmp_path / "copy" / "journal.json", PREVIOUS_PUBLISH)
 
-    with pytest.raises(errors.JournalError, match="has no schema field"):
-        journals.Journal.load(str(path))
+    assert journals.Journal.load(str(path)).run_id == "run2"
 
 
-@pytest.mark.parametrize("document", [[1, 2], "schema", 2, None], ids=["list", "string", "number", "null"])
-def test_load_refuses_a_json_document_that_is_not_an_object(tmp_path, document):
-    path = _write(tmp_path / "journal.json", document)
-
-    with pytest.raises(errors.JournalError) as raised:
-        journals.Journal.load(str(path))
-
-    assert str(path) in str(raised.value)
+# step names: one closed set of kinds, read back from the text they are written as
 
 
-def test_load_refuses_a_missing_journal_naming_it(tmp_path):
-    path = tmp_path / "runs" / "run1" / "journal.json"
-
-    with pytest.raises(errors.JournalError) as raised:
-        journals.Journal.load(str(path))
-
-    assert str(raised.value) == f"cannot read journal {path}: No such file or directory"
+def _step_name(kind, undo=False):
+    return StepName(kind, APP if kind.has_module else None, "tools" if kind.has_class else None, undo)
 
 
-def test_load_refuses_a_directory_in_place_of_the_journal(tmp_path):
-    path = tmp_path / "journal.json"
-    path.mkdir()
+@pytest.mark.parametrize("undo", [False, True], ids=["forward", "undo"])
+@pytest.mark.parametrize("kind", list(StepKind), ids=[kind.value for kind in StepKind])
+def test_every_step_name_round_trips_through_its_text(kind, undo):
+    name = _step_name(kind, undo)
 
-    with pytest.raises(errors.JournalError, match=f"cannot read journal {path}"):
-        journals.Journal.load(str(path))
+    text = str(name)
+
+    words = (["undo"] if undo else []) + [kind.value]
+    words += (["tools"] if kind.has_class else []) + ([APP] if kind.has_module else [])
+    assert text == " ".join(words)
+    assert name.to_json() == text
+    assert StepName.from_json(text, "step") == name
 
 
-# start, finish, set_state
+def test_step_names_read_as_the_previous_release_wrote_them():
+    assert StepName.from_json("class-link tools TinyApp/1.0", "s") == StepName(
+        StepKind.CLASS_LINK, APP, "tools"
+    )
+    assert StepName.from_json("rollback class-link tools TinyApp/1.0", "s") == StepName(
+        StepKind.ROLLBACK_CLASS_LINK, APP, "tools"
+    )
+    assert StepName.from_json("undo swap TinyApp/1.0", "s") == StepName(StepKind.SWAP, APP, undo=True)
+    assert StepName.from_json("resume recover-fallback TinyApp/1.0", "s") == StepName(
+        StepKind.RESUME_RECOVER_FALLBACK, APP
+    )
+    assert StepName.from_json("ledger", "s") == StepName(StepKind.LEDGER)
 
 
-def test_start_is_on_disk_before_it_returns(runs):
+def test_which_kinds_name_a_module_and_a_class():
+    assert {kind for kind in StepKind if not kind.has_module} == {
+        StepKind.BUILD,
+        StepKind.RELOCATE,
+        StepKind.PREPARE_PROGRAM,
+        StepKind.LEDGER,
+    }
+    assert {kind for kind in StepKind if kind.has_class} == {
+        StepKind.CLASS_LINK,
+        StepKind.ROLLBACK_CLASS_LINK,
+        StepKind.RESUME_CLASS_LINK,
+    }
+
+
+def test_the_fallback_step_kinds_are_the_exchange_s_three_renames():
+    fallback = [kind.value for kind in StepKind if kind.value.startswith("fallback-")]
+
+    assert fallback == list(swap.FALLBACK_STEPS)
+
+
+def test_undone_names_the_reversal_of_a_step():
+    assert str(SWAP.undone()) == "undo swap TinyApp/1.0"
+    assert SWAP.undone().undone() == SWAP.undone()
+
+
+# the step engine: begin/done, step, and their fault points
+
+
+def test_begin_is_on_disk_before_it_returns(runs):
     journal = _create(runs)
 
-    entry = journal.start(STEP, method="exchange")
+    journal.begin(SWAP)
 
-    steps = journals.Journal.load(journal.path).data["steps"]
-    assert steps == [entry]
-    assert (entry["step"], entry["status"], entry["method"]) == (STEP, "started", "exchange")
-    datetime.datetime.fromisoformat(entry["at"])  # a real timestamp, not a placeholder
+    (step,) = journals.Journal.load(journal.path).run.steps
+    assert (step.step, step.status) == (SWAP, StepStatus.STARTED)
+    datetime.datetime.fromisoformat(step.at)  # a real timestamp, not a placeholder
+    assert _on_disk(journal)["steps"] == [
+        {"step": "swap TinyApp/1.0", "status": "started", "at": step.at, "ledger_length": None}
+    ]
 
 
-def test_finish_marks_the_step_done_on_disk_with_its_fields(runs):
+def test_done_marks_the_step_done_on_disk(runs):
     journal = _create(runs)
-    first = journal.start("marker TinyApp/1.0")
-    journal.finish(first)
-    second = journal.start(STEP)
+    journal.begin(MARKER).done()
+    second = journal.begin(SWAP)
 
-    journal.finish(second, method="fallback")
+    second.done()
 
-    steps = journals.Journal.load(journal.path).data["steps"]
-    assert [(s["step"], s["status"]) for s in steps] == [("marker TinyApp/1.0", "done"), (STEP, "done")]
-    assert steps[1]["method"] == "fallback"
-    assert journal.step_names() == ["marker TinyApp/1.0", STEP]
+    steps = journals.Journal.load(journal.path).run.steps
+    assert [(step.step, step.status) for step in steps] == [
+        (MARKER, StepStatus.DONE),
+        (SWAP, StepStatus.DONE),
+    ]
+    assert journal.step_names() == ["marker TinyApp/1.0", "swap TinyApp/1.0"]
+
+
+def test_begin_journals_the_fields_of_a_step(runs):
+    journal = _create(runs)
+
+    journal.begin(StepName(StepKind.LEDGER), ledger_length=120)
+
+    (step,) = journals.Journal.load(journal.path).run.steps
+    assert step.ledger_length == 120
 
 
 def test_an_unfinished_step_stays_started_at_the_end_of_the_list(runs):
     journal = _create(runs)
-    journal.finish(journal.start("build"))
+    journal.begin(StepName(StepKind.BUILD)).done()
 
-    journal.start(STEP)
+    journal.begin(SWAP)
 
-    steps = journals.Journal.load(journal.path).data["steps"]
-    assert [(s["step"], s["status"]) for s in steps] == [("build", "done"), (STEP, "started")]
+    steps = journals.Journal.load(journal.path).run.steps
+    assert [(str(step.step), step.status) for step in steps] == [
+        ("build", StepStatus.DONE),
+        ("swap TinyApp/1.0", StepStatus.STARTED),
+    ]
+
+
+def test_step_journals_the_step_started_before_its_block_and_done_after(runs):
+    journal = _create(runs)
+    (entry,) = journal.modules
+    inside = []
+
+    with journal.step(StepKind.CLASS_LINK, entry, "tools"):
+        inside.append(
+            [(str(step.step), step.status) for step in journals.Journal.load(journal.path).run.steps]
+        )
+
+    assert inside == [[("class-link tools TinyApp/1.0", StepStatus.STARTED)]]
+    (step,) = journals.Journal.load(journal.path).run.steps
+    assert (str(step.step), step.status) == ("class-link tools TinyApp/1.0", StepStatus.DONE)
+
+
+def test_a_step_whose_block_raises_stays_started_and_the_error_goes_on(runs):
+    journal = _create(runs)
+
+    with pytest.raises(OSError, match="the operation failed"), journal.step(
+        StepKind.SWAP, journal.modules[0]
+    ):
+        raise OSError("the operation failed")
+
+    (step,) = journals.Journal.load(journal.path).run.steps
+    assert (step.step, step.status) == (SWAP, StepStatus.STARTED)
+
+
+def test_a_step_is_a_fault_point_and_so_is_its_journal_write(runs):
+    journal = _create(runs)
+    journal.faults = Faults()
+
+    with journal.step(StepKind.MARKER, journal.modules[0]):
+        pass
+    journal.begin(SWAP).done()
+
+    assert journal.faults.operations == [
+        "marker TinyApp/1.0",
+        "journal marker TinyApp/1.0",
+        "swap TinyApp/1.0",
+        "journal swap TinyApp/1.0",
+    ]
+
+
+def test_a_failure_at_a_step_s_fault_point_comes_before_the_step_is_journaled_or_run(runs):
+    journal = _create(runs)
+    journal.faults = Faults(fail_at=1)
+    ran = []
+
+    with pytest.raises(InjectedFailure) as raised, journal.step(StepKind.MARKER, journal.modules[0]):
+        ran.append(True)
+
+    assert raised.value.step == "marker TinyApp/1.0"
+    assert ran == []
+    assert journals.Journal.load(journal.path).run.steps == []
+
+
+def test_a_failure_at_the_journal_write_comes_after_the_operation_and_leaves_it_started(runs):
+    journal = _create(runs)
+    journal.faults = Faults(fail_at=2)
+    ran = []
+
+    with pytest.raises(InjectedFailure) as raised, journal.step(StepKind.MARKER, journal.modules[0]):
+        ran.append(True)
+
+    assert raised.value.step == "journal marker TinyApp/1.0"
+    assert ran == [True]
+    (step,) = journals.Journal.load(journal.path).run.steps
+    assert step.status is StepStatus.STARTED
+
+
+def test_a_reversal_s_steps_are_journaled_but_are_no_fault_points(runs):
+    journal = _create(runs)
+    journal.faults = Faults(fail_at=1)
+
+    with journal.step_named(SWAP.undone()):
+        pass
+
+    assert journal.faults.operations == []
+    (step,) = journals.Journal.load(journal.path).run.steps
+    assert (str(step.step), step.status) == ("undo swap TinyApp/1.0", StepStatus.DONE)
+
+
+def test_steps_of_lists_a_kind_s_forward_steps_only(runs):
+    journal = _create(runs)
+    journal.begin(SWAP).done()
+    journal.begin(MARKER).done()
+    journal.begin(SWAP.undone()).done()
+
+    assert [step.step for step in journal.steps_of(StepKind.SWAP)] == [SWAP]
+    assert journal.steps_of(StepKind.LEDGER) == []
+
+
+def test_the_default_faults_only_count(runs):
+    journal = _create(runs)
+
+    journal.begin(SWAP).done()
+
+    assert journal.faults.fail_at is None
+    assert journal.faults.operations == ["swap TinyApp/1.0", "journal swap TinyApp/1.0"]
+
+
+# set_state and save
 
 
 def test_set_state_records_the_state_and_when_it_changed(runs):
     journal = _create(runs)
-    journal.data["state_since"] = "2000-01-01T00:00:00+00:00"
+    journal.run.state_since = "2000-01-01T00:00:00+00:00"
     before = datetime.datetime.now(datetime.timezone.utc)
 
-    journal.set_state("planning")
+    journal.set_state(RunState.PLANNING)
 
     data = _on_disk(journal)
     assert data["state"] == "planning"
@@ -264,10 +956,10 @@ def test_set_state_records_the_state_and_when_it_changed(runs):
 
 def test_saves_without_a_state_change_keep_state_since(runs):
     journal = _create(runs)
-    journal.data["state_since"] = "2000-01-01T00:00:00+00:00"
+    journal.run.state_since = "2000-01-01T00:00:00+00:00"
     journal.save()
 
-    journal.finish(journal.start("build"))
+    journal.begin(StepName(StepKind.BUILD)).done()
 
     data = _on_disk(journal)
     assert data["state_since"] == "2000-01-01T00:00:00+00:00"
@@ -277,10 +969,20 @@ def test_saves_without_a_state_change_keep_state_since(runs):
 def test_save_leaves_no_temporary_file_beside_the_journal(runs):
     journal = _create(runs)
 
-    for step in ("a", "b", "c"):
-        journal.finish(journal.start(step))
+    for kind in (StepKind.BUILD, StepKind.RELOCATE, StepKind.LEDGER):
+        journal.begin(StepName(kind)).done()
 
     assert os.listdir(journal.run_dir) == ["journal.json"]
+
+
+def test_a_saved_step_is_a_typed_record(runs):
+    journal = _create(runs)
+
+    journal.begin(SWAP).done()
+
+    (step,) = journals.Journal.load(journal.path).run.steps
+    assert isinstance(step, Step)
+    assert records.dump(step) == _on_disk(journal)["steps"][0]
 
 
 # the crash hook
@@ -308,8 +1010,8 @@ def _in_forked_child(body, env):
 def _steps_then_marker(runs, marker):
     def body():
         journal = _create(runs)
-        journal.finish(journal.start("marker TinyApp/1.0"))
-        journal.start(STEP)
+        journal.begin(MARKER).done()
+        journal.begin(SWAP)
         marker.write_text("the child went on after the step\n")
 
     return body
@@ -318,13 +1020,16 @@ def _steps_then_marker(runs, marker):
 def test_the_crash_hook_kills_the_process_right_after_the_step_is_on_disk(runs, tmp_path):
     marker = tmp_path / "went-on"
 
-    status = _in_forked_child(_steps_then_marker(runs, marker), {journals.CRASH_HOOK: STEP})
+    status = _in_forked_child(_steps_then_marker(runs, marker), {journals.CRASH_HOOK: str(SWAP)})
 
     assert os.WIFSIGNALED(status)
     assert os.WTERMSIG(status) == signal.SIGKILL
     assert not marker.exists()
-    steps = journals.Journal.load(str(runs / "run1" / "journal.json")).data["steps"]
-    assert [(s["step"], s["status"]) for s in steps] == [("marker TinyApp/1.0", "done"), (STEP, "started")]
+    steps = journals.Journal.load(str(runs / "run1" / "journal.json")).run.steps
+    assert [(step.step, step.status) for step in steps] == [
+        (MARKER, StepStatus.DONE),
+        (SWAP, StepStatus.STARTED),
+    ]
 
 
 def test_the_crash_hook_ignores_other_steps(runs, tmp_path):
@@ -337,11 +1042,15 @@ def test_the_crash_hook_ignores_other_steps(runs, tmp_path):
     assert marker.exists()
 
 
-# run_journals and find
+# run_journals, check_all, find and interrupted
 
 
-def _created(runs, run_id, created):
-    return _create(runs, run_id, created=created)
+def _created(runs, run_id, created, state=RunState.PUBLISHED):
+    journal = _create(runs, run_id)
+    journal.run.created = created
+    journal.run.state = state
+    journal.save()
+    return journal
 
 
 def test_run_journals_lists_runs_by_creation_time_not_by_name(runs, tmp_path):
@@ -372,12 +1081,21 @@ def test_run_journals_ignores_files_beside_the_run_directories(runs, tmp_path):
     assert [journal.run_id for journal in journals.run_journals(str(tmp_path))] == ["run1"]
 
 
+def test_run_journals_ignores_a_symlink_to_a_run_directory(runs, tmp_path):
+    _create(runs, "run1")
+    elsewhere = tmp_path / "elsewhere"
+    _create(elsewhere, "run2")
+    (runs / "run2").symlink_to(elsewhere / "run2")
+
+    assert [journal.run_id for journal in journals.run_journals(str(tmp_path))] == ["run1"]
+
+
 def test_run_journals_stops_on_one_unreadable_journal(runs, tmp_path):
     _create(runs, "good-1")
     _write(runs / "broken" / "journal.json", b'{"schema": 2, "ki')
     _create(runs, "good-2")
 
-    with pytest.raises(errors.JournalError, match=r"broken/journal\.json is truncated"):
+    with pytest.raises(errors.JournalError, match=r"broken/journal\.json: truncated or not JSON"):
         journals.run_journals(str(tmp_path))
 
 
@@ -385,8 +1103,75 @@ def test_run_journals_stops_on_a_run_directory_without_a_journal(runs, tmp_path)
     _create(runs, "good")
     (runs / "empty").mkdir()
 
-    with pytest.raises(errors.JournalError, match=r"cannot read journal .*empty/journal\.json"):
+    with pytest.raises(errors.JournalError, match=r"journal .*empty/journal\.json: cannot read it"):
         journals.run_journals(str(tmp_path))
+
+
+def test_check_all_passes_a_run_directory_whose_journal_is_being_created(runs, tmp_path):
+    # Without the lock, an empty run directory is a run that the lock's holder is creating.
+    _create(runs, "good")
+    (runs / "being-created").mkdir()
+
+    journals.check_all(str(tmp_path))
+
+    assert [journal.run_id for journal in journals.run_journals(str(tmp_path), being_created_ok=True)] == [
+        "good"
+    ]
+
+
+def test_check_all_refuses_one_unreadable_journal(runs, tmp_path):
+    _create(runs, "good")
+    _write(runs / "broken" / "journal.json", b"{")
+
+    with pytest.raises(errors.JournalError) as raised:
+        journals.check_all(str(tmp_path))
+
+    assert str(raised.value) == f"journal {runs / 'broken' / 'journal.json'}: truncated or not JSON (1 bytes)"
+
+
+def test_interrupted_lists_the_runs_that_resume_must_finish(runs, tmp_path):
+    retire_states = {RunState.RETIRING, RunState.RETIRED}
+    for index, state in enumerate(RunState):
+        if state in retire_states:
+            moved = tmp_path / "apps" / "modules" / "all" / "TinyOld" / "1.0.lua"
+            journal = retire_journal(
+                runs,
+                f"run-{state.value}",
+                module_file=moved,
+                retired_to=tmp_path / "r.lua",
+                software_dir=tmp_path / "apps" / "software" / "TinyOld" / "1.0",
+                state=state,
+            )
+            journal.run.created = f"2026-01-01T00:00:0{index}+00:00"
+            journal.save()
+        else:
+            _created(runs, f"run-{state.value}", f"2026-01-01T00:00:0{index}+00:00", state)
+
+    listed = [journal.state for journal in journals.interrupted(str(tmp_path))]
+
+    assert listed == [state for state in RunState if state in journals.INTERRUPTED]
+    assert set(listed) == {
+        RunState.BUILDING,
+        RunState.PLANNING,
+        RunState.PUBLISHING,
+        RunState.ROLLING_BACK,
+        RunState.RETIRING,
+    }
+
+
+def test_a_retire_run_round_trips_through_its_journal(runs):
+    journal = retire_journal(
+        runs,
+        "retire-1",
+        module_file="/apps/modules/all/Moved/1.0.lua",
+        retired_to=f"{runs.parent}/retired/1/apps/modules/all/Moved/1.0.lua",
+        software_dir="/apps/software/Moved/1.0",
+    )
+
+    loaded = journals.Journal.load(journal.path)
+
+    assert loaded.run == journal.run
+    assert (loaded.run.kind, loaded.run.trees, loaded.run.request) == (RunKind.RETIRE, None, None)
 
 
 def test_find_loads_the_named_run(runs, tmp_path):
@@ -406,7 +1191,7 @@ def test_find_refuses_a_missing_run_naming_the_runs_directory(runs, tmp_path):
 def test_find_refuses_a_run_whose_journal_is_unreadable(runs, tmp_path):
     (runs / "run1").mkdir()
 
-    with pytest.raises(errors.JournalError, match="cannot read journal"):
+    with pytest.raises(errors.JournalError, match="cannot read it"):
         journals.find(str(tmp_path), "run1")
 
 

@@ -11,7 +11,9 @@ import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import journal as journals
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import ledger
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import ledger, paths, records
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild.journal import RunState
+from tests.unit.plugins.module_utils.staged_rebuild.journal_records import publish_journal
 
 
 def _config_file(tmp_path, content):
@@ -22,7 +24,7 @@ def _config_file(tmp_path, content):
 
 @pytest.fixture
 def config(tmp_path):
-    return {"path": str(tmp_path / "ledger.jsonl"), "site": "hpc1"}
+    return ledger.LedgerConfig(str(tmp_path / "ledger.jsonl"), "hpc1")
 
 
 def _lines(path):
@@ -36,19 +38,19 @@ def _lines(path):
 def test_load_config_returns_the_path_and_the_site(tmp_path):
     path = _config_file(tmp_path, {"path": "/var/lib/ledger.jsonl", "site": "hpc1", "extra": 1})
 
-    assert ledger.load_config(path) == {"path": "/var/lib/ledger.jsonl", "site": "hpc1"}
+    assert ledger.load_config(path) == ledger.LedgerConfig("/var/lib/ledger.jsonl", "hpc1")
 
 
 def test_load_config_defaults_the_site_to_empty(tmp_path):
     path = _config_file(tmp_path, {"path": "/var/lib/ledger.jsonl"})
 
-    assert ledger.load_config(path)["site"] == ""
+    assert ledger.load_config(path).site == ""
 
 
 def test_load_config_turns_a_non_string_site_into_text(tmp_path):
     path = _config_file(tmp_path, {"path": "/var/lib/ledger.jsonl", "site": 7})
 
-    assert ledger.load_config(path)["site"] == "7"
+    assert ledger.load_config(path).site == "7"
 
 
 def test_load_config_refuses_a_missing_file_naming_it(tmp_path):
@@ -103,6 +105,29 @@ def test_load_config_refuses_a_relative_ledger_path(tmp_path, relative):
     assert str(raised.value) == f"--ledger-config {path}: path {relative!r} is not absolute"
 
 
+@pytest.mark.parametrize("climbing", ["/var/lib/../ledger.jsonl", "/var/lib/ledger/..", "/.."])
+def test_load_config_refuses_a_ledger_path_with_a_dot_dot_component(tmp_path, climbing):
+    # The run's journal keeps the path; a journal path with ".." is refused when it is read.
+    path = _config_file(tmp_path, {"path": climbing})
+
+    with pytest.raises(errors.UsageError) as raised:
+        ledger.load_config(path)
+
+    assert str(raised.value) == f"--ledger-config {path}: path {climbing!r} has a '..' component"
+
+
+def test_load_config_accepts_a_name_that_only_starts_with_dots(tmp_path):
+    path = _config_file(tmp_path, {"path": "/var/lib/..ledger.jsonl"})
+
+    assert ledger.load_config(path).path == "/var/lib/..ledger.jsonl"
+
+
+def test_the_configuration_is_a_record_the_journal_stores_and_reads_back():
+    config = ledger.LedgerConfig("/var/lib/ledger.jsonl", "hpc1")
+
+    assert records.load(ledger.LedgerConfig, records.dump(config)) == config
+
+
 # append and truncate
 
 
@@ -110,41 +135,41 @@ def test_append_creates_the_ledger_and_returns_zero(config):
     before = ledger.append(config, [{"name": "TinyApp", "version": "1.0"}])
 
     assert before == 0
-    assert _lines(config["path"]) == [{"name": "TinyApp", "version": "1.0"}]
+    assert _lines(config.path) == [{"name": "TinyApp", "version": "1.0"}]
 
 
 def test_append_returns_the_previous_length_and_keeps_what_was_there(config):
     ledger.append(config, [{"name": "A"}])
-    length = os.path.getsize(config["path"])
+    length = os.path.getsize(config.path)
 
     before = ledger.append(config, [{"name": "B"}, {"name": "C"}])
 
     assert before == length
-    assert _lines(config["path"]) == [{"name": "A"}, {"name": "B"}, {"name": "C"}]
+    assert _lines(config.path) == [{"name": "A"}, {"name": "B"}, {"name": "C"}]
 
 
 def test_append_writes_one_sorted_json_line_per_record(config):
     ledger.append(config, [{"z": 1, "a": "x"}])
 
-    with open(config["path"], "rb") as handle:
+    with open(config.path, "rb") as handle:
         assert handle.read() == b'{"a": "x", "z": 1}\n'
 
 
 def test_append_of_no_records_changes_nothing(config):
     ledger.append(config, [{"name": "A"}])
-    with open(config["path"], "rb") as handle:
+    with open(config.path, "rb") as handle:
         before = handle.read()
 
     assert ledger.append(config, []) == len(before)
 
-    with open(config["path"], "rb") as handle:
+    with open(config.path, "rb") as handle:
         assert handle.read() == before
 
 
 def test_append_refuses_a_symlink_at_the_ledger_path_and_leaves_its_target(tmp_path, config):
     target = tmp_path / "elsewhere.jsonl"
     target.write_text("precious\n")
-    os.symlink(target, config["path"])
+    os.symlink(target, config.path)
 
     with pytest.raises(errors.UsageError, match="symbolic link"):
         ledger.append(config, [{"name": "A"}])
@@ -155,7 +180,7 @@ def test_append_refuses_a_symlink_at_the_ledger_path_and_leaves_its_target(tmp_p
 def test_append_refuses_a_symlink_component_of_the_ledger_path(tmp_path):
     (tmp_path / "real").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "real")
-    config = {"path": str(tmp_path / "link" / "ledger.jsonl"), "site": ""}
+    config = ledger.LedgerConfig(str(tmp_path / "link" / "ledger.jsonl"))
 
     with pytest.raises(errors.UsageError, match=f"{tmp_path}/link is a symbolic link"):
         ledger.append(config, [{"name": "A"}])
@@ -165,13 +190,13 @@ def test_append_refuses_a_symlink_component_of_the_ledger_path(tmp_path):
 
 def test_truncate_restores_the_ledger_to_its_length_before_the_append(config):
     ledger.append(config, [{"name": "A"}])
-    with open(config["path"], "rb") as handle:
+    with open(config.path, "rb") as handle:
         original = handle.read()
 
     length = ledger.append(config, [{"name": "B"}, {"name": "C"}])
     ledger.truncate(config, length)
 
-    with open(config["path"], "rb") as handle:
+    with open(config.path, "rb") as handle:
         assert handle.read() == original
 
 
@@ -180,13 +205,13 @@ def test_truncate_of_a_ledger_the_append_created_leaves_it_empty(config):
 
     ledger.truncate(config, length)
 
-    assert os.path.getsize(config["path"]) == 0
+    assert os.path.getsize(config.path) == 0
 
 
 def test_truncate_refuses_a_symlink_at_the_ledger_path(tmp_path, config):
     target = tmp_path / "elsewhere.jsonl"
     target.write_text("precious\n")
-    os.symlink(target, config["path"])
+    os.symlink(target, config.path)
 
     with pytest.raises(errors.UsageError, match="symbolic link"):
         ledger.truncate(config, 0)
@@ -194,40 +219,39 @@ def test_truncate_refuses_a_symlink_at_the_ledger_path(tmp_path, config):
     assert target.read_text() == "precious\n"
 
 
-# records
+# the ledger's lines of a run
 
 
 def _journal_with(tmp_path, *modules):
-    runs = tmp_path / "state" / "runs"
-    runs.mkdir(parents=True)
-    journal = journals.Journal.create(str(runs), "run1", kind="publish", state="publishing", schema=4)
+    """A publishing run of a ledger (schema 4) whose modules are live with ``easyconfigs``."""
+    trees = paths.Trees(str(tmp_path / "software"), str(tmp_path / "modules"))
     for name, version, easyconfigs in modules:
         stable = tmp_path / "software" / name / version
         (stable / "easybuild").mkdir(parents=True)
         for file_name, text in easyconfigs.items():
             (stable / "easybuild" / file_name).write_text(text)
-        journal.modules.append(
-            {
-                "module": f"{name}/{version}",
-                "name": name,
-                "version": version,
-                "stable_path": str(stable),
-                "retired_path": str(stable.parent / f".{version}.run1"),
-                "module_file": str(tmp_path / "modules" / "all" / name / f"{version}.lua"),
-                "new_module_sha256": "ab" * 32,
-            }
-        )
+    journal = publish_journal(
+        tmp_path / "state" / "runs",
+        "run1",
+        trees,
+        [f"{name}/{version}" for name, version, _easyconfigs in modules],
+        state=RunState.PUBLISHING,
+        ledger_config=str(tmp_path / "ledger-config.json"),
+    )
+    assert journal.run.schema == journals.SCHEMA_SWAP_LEDGER
+    for entry in journal.modules:
+        entry.new_module_sha256 = "ab" * 32
     return journal
 
 
-def test_records_describe_each_published_module(tmp_path, config):
+def test_the_lines_describe_each_published_module(tmp_path, config):
     journal = _journal_with(tmp_path, ("TinyApp", "1.0", {"TinyApp-1.0.eb": "name = 'TinyApp'\n"}))
 
-    (record,) = ledger.records(journal, config)
+    (record,) = ledger.lines_of(journal, config)
 
     published_at = record.pop("published_at")
     assert datetime.datetime.fromisoformat(published_at) >= datetime.datetime.fromisoformat(
-        journal.data["created"]
+        journal.run.created
     )
     assert record == {
         "name": "TinyApp",
@@ -235,7 +259,7 @@ def test_records_describe_each_published_module(tmp_path, config):
         "stable_path": f"{tmp_path}/software/TinyApp/1.0",
         "run_id": "run1",
         "site": "hpc1",
-        "started_at": journal.data["created"],
+        "started_at": journal.run.created,
         "module_file": f"{tmp_path}/modules/all/TinyApp/1.0.lua",
         "module_sha256": "ab" * 32,
         "easyconfig_sha256": hashlib.sha256(b"name = 'TinyApp'\n").hexdigest(),
@@ -243,35 +267,35 @@ def test_records_describe_each_published_module(tmp_path, config):
     }
 
 
-def test_records_hash_the_first_easyconfig_by_name(tmp_path, config):
+def test_the_lines_hash_the_first_easyconfig_by_name(tmp_path, config):
     journal = _journal_with(tmp_path, ("TinyApp", "1.0", {"b.eb": "second\n", "a.eb": "first\n"}))
 
-    (record,) = ledger.records(journal, config)
+    (record,) = ledger.lines_of(journal, config)
 
     assert record["easyconfig_sha256"] == hashlib.sha256(b"first\n").hexdigest()
 
 
-def test_records_of_an_install_without_an_easyconfig_say_none(tmp_path, config):
+def test_the_lines_of_an_install_without_an_easyconfig_say_none(tmp_path, config):
     journal = _journal_with(tmp_path, ("TinyApp", "1.0", {}))
 
-    (record,) = ledger.records(journal, config)
+    (record,) = ledger.lines_of(journal, config)
 
     assert record["easyconfig_sha256"] is None
 
 
-def test_records_keep_the_publish_order_and_share_one_time(tmp_path, config):
+def test_the_lines_keep_the_publish_order_and_share_one_time(tmp_path, config):
     journal = _journal_with(tmp_path, ("TinyLib", "1.0", {}), ("TinyApp", "1.0", {}))
 
-    records = ledger.records(journal, config)
+    lines = ledger.lines_of(journal, config)
 
-    assert [record["name"] for record in records] == ["TinyLib", "TinyApp"]
-    assert records[0]["published_at"] == records[1]["published_at"]
+    assert [record["name"] for record in lines] == ["TinyLib", "TinyApp"]
+    assert lines[0]["published_at"] == lines[1]["published_at"]
 
 
-def test_records_round_trip_through_the_ledger(tmp_path, config):
+def test_the_lines_round_trip_through_the_ledger(tmp_path, config):
     journal = _journal_with(tmp_path, ("TinyApp", "1.0", {"TinyApp-1.0.eb": "x\n"}))
-    records = ledger.records(journal, config)
+    lines = ledger.lines_of(journal, config)
 
-    ledger.append(config, records)
+    ledger.append(config, lines)
 
-    assert _lines(config["path"]) == records
+    assert _lines(config.path) == lines

@@ -274,12 +274,6 @@ def test_a_wait_that_runs_out_is_refused_and_names_the_timeout(root):
         assert run_child("try", root, 0.3)[1].endswith("(waited 0.3 s; --lock-timeout sets the wait)")
 
 
-def test_a_negative_timeout_is_a_usage_error(root):
-    with pytest.raises(errors.UsageError, match="lock timeout must be 0 or more seconds, not -1"):
-        locking.StateLock(root, -1)
-    assert not (root / ".lock").exists()
-
-
 # The two halves: flock on this node, the POSIX lock across nodes
 
 

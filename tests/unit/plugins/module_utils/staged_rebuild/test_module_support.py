@@ -10,7 +10,8 @@ import time
 import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import module_support
+from ansible_collections.hpcstack.ops.plugins.module_utils.common.errors import setting
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import module_support, settings
 
 LIVE = {"live_dir": "/apps/software/A/1", "live_inode": 11, "module_file": "/m/A/1.lua", "module_text": "x\n"}
 
@@ -54,11 +55,11 @@ def test_check_mode_diff_predicts_a_replaced_directory_and_a_retired_file():
     )
 
 
-def test_a_refusal_becomes_one_line_and_no_result():
+def test_a_refusal_becomes_one_line_its_kind_and_no_result():
     def refuse(dry_run):
         raise errors.UsageError("no run x under /s/runs")
 
-    assert module_support.run(refuse, False) == (None, "no run x under /s/runs")
+    assert module_support.run(refuse, False) == (None, {"msg": "no run x under /s/runs", "error": "usage"})
 
 
 def test_sigterm_during_a_command_becomes_a_failure_and_the_handler_comes_back():
@@ -72,26 +73,95 @@ def test_sigterm_during_a_command_becomes_a_failure_and_the_handler_comes_back()
 
     result, failure = module_support.run(terminated, False)
 
-    assert (result, failure) == (None, "terminated by signal 15; completed steps were reversed")
+    assert (result, failure) == (
+        None,
+        {"msg": "terminated by signal 15; completed steps were reversed", "error": "terminated"},
+    )
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+# A failure names the module's options, and says its kind
+
+
+def _failure(err):
+    def fail(dry_run):
+        raise err
+
+    result, failure = module_support.run(fail, False)
+    assert result is None
+    return failure
+
+
 @pytest.mark.parametrize(
-    ("message", "for_a_module"),
+    ("message", "for_a_module", "on_the_command_line"),
     [
-        ("--grace-hours must not be negative", "grace_hours must not be negative"),
-        ("no state root: give --state-root DIR or set X", "no state root: give state_root DIR or set X"),
-        ("--module TinyApp/1.0 is given twice", "module TinyApp/1.0 is given twice"),
-        ("(--skip-live-check skips this check)", "(skip_live_check skips this check)"),
-        # EasyBuild's options, and the command's --prepare that the modules lack, stay as they are.
+        (
+            f"{setting('grace_hours')} must not be negative",
+            "grace_hours must not be negative",
+            "--grace-hours must not be negative",
+        ),
+        (
+            f"no state root: give {setting('state_root')} DIR or set X",
+            "no state root: give state_root DIR or set X",
+            "no state root: give --state-root DIR or set X",
+        ),
+        (
+            f"{setting('modules')} TinyApp/1.0 is given twice",
+            "modules TinyApp/1.0 is given twice",
+            "--module TinyApp/1.0 is given twice",
+        ),
+        (
+            f"({setting('skip_live_check')} skips this check)",
+            "(skip_live_check skips this check)",
+            "(--skip-live-check skips this check)",
+        ),
+        # The command's --prepare, which the modules lack, keeps the command line's name.
+        (
+            f"{setting('prepare')} 'x' exited with status 1",
+            "--prepare 'x' exited with status 1",
+            "--prepare 'x' exited with status 1",
+        ),
+        # EasyBuild's options are text, not settings: they stay as they are.
         (
             "--rebuild and --try-toolchain=x are EasyBuild's",
             "--rebuild and --try-toolchain=x are EasyBuild's",
+            "--rebuild and --try-toolchain=x are EasyBuild's",
         ),
-        ("--prepare 'x' exited with status 1", "--prepare 'x' exited with status 1"),
-        # Only whole options: a path or a word that holds one is left alone.
-        ("/apps/x--module/y and a--eb", "/apps/x--module/y and a--eb"),
+        # Only the setting named: a path or a word that holds an option's name is left alone.
+        (
+            f"/apps/x--module/y and a--eb, not {setting('eb')}",
+            "/apps/x--module/y and a--eb, not eb",
+            "/apps/x--module/y and a--eb, not --eb",
+        ),
     ],
 )
-def test_a_message_names_the_modules_options(message, for_a_module):
-    assert module_support.in_option_names(message) == for_a_module
+def test_a_failure_names_the_modules_options_where_the_command_line_names_its_flags(
+    message, for_a_module, on_the_command_line
+):
+    err = errors.UsageError(message)
+
+    assert _failure(err) == {"msg": for_a_module, "error": "usage"}
+    assert settings.cli_message(err) == on_the_command_line
+
+
+@pytest.mark.parametrize(
+    ("err", "kind"),
+    [
+        (errors.UsageError("bad"), "usage"),
+        (errors.LockError("cannot lock"), "lock"),
+        (errors.LockHeld("held by run1"), "lock_held"),
+        (errors.JournalError("journal /j: truncated"), "journal"),
+        (errors.PublishError("publish of run run1 failed"), "publish_failed"),
+        (FileNotFoundError(2, "No such file or directory", "/x"), "os_error"),
+    ],
+    ids=["usage", "lock", "lock_held", "journal", "publish_failed", "os_error"],
+)
+def test_a_failure_carries_the_stable_kind_of_its_error(err, kind):
+    assert _failure(err)["error"] == kind
+
+
+def test_a_real_refusal_of_a_setting_names_the_option_in_a_module():
+    result, failure = module_support.run(lambda dry_run: settings.lock_timeout({"lock_timeout": -1.0}), False)
+
+    assert result is None
+    assert failure == {"msg": "lock_timeout must be 0 or more seconds, not -1.0", "error": "usage"}

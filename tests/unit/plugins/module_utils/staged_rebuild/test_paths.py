@@ -12,7 +12,7 @@ import stat
 import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import paths
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import paths, records
 
 
 @pytest.fixture
@@ -171,8 +171,17 @@ def test_require_inside_accepts_a_root_given_with_a_trailing_slash():
 def test_trees_from_installpath_names_software_and_modules(tmp_path):
     trees = paths.Trees.from_installpath(str(tmp_path / "apps"))
 
-    assert trees.as_dict() == {"software": f"{tmp_path}/apps/software", "modules": f"{tmp_path}/apps/modules"}
+    assert (trees.software, trees.modules) == (f"{tmp_path}/apps/software", f"{tmp_path}/apps/modules")
     assert trees.modules_all == f"{tmp_path}/apps/modules/all"
+
+
+def test_trees_are_a_record_the_journal_stores_and_reads_back(tmp_path):
+    trees = paths.Trees.from_installpath(str(tmp_path / "apps"))
+
+    stored = records.dump(trees)
+
+    assert stored == {"software": f"{tmp_path}/apps/software", "modules": f"{tmp_path}/apps/modules"}
+    assert records.load(paths.Trees, stored) == trees
 
 
 def test_trees_make_relative_roots_absolute(tmp_path, monkeypatch):

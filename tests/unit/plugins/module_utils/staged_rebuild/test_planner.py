@@ -25,11 +25,15 @@ from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import
     planner,
 )
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import journal as journals
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild.journal import RunState, StepStatus
 from tests.support.staged import FAKE_EB, StagedSite
+from tests.unit.plugins.module_utils.staged_rebuild.journal_records import publish_journal
 
 APP = "TinyApp/1.0"
 LIB = "TinyLib/1.0"
 PLAN_STEPS = ["marker", "prepare-module", "backup", "stage-move"]
+# Each step is a fault point, and so is the write that journals it done.
+PLAN_POINTS = [point for name in PLAN_STEPS for point in (f"{name} {APP}", f"journal {name} {APP}")]
 # What EasyBuild's --read-only-installdir leaves on an install: read and search, no write.
 SEALED = 0o555
 
@@ -152,10 +156,10 @@ def run(tmp_path):
     (live / "PAYLOAD").write_text("old\n")
     (live / "bin" / "tiny").write_text("#!/bin/sh\n")
     (live / "bin" / "link").symlink_to("tiny")
-    (tmp_path / "runs").mkdir()
-    journal = journals.Journal.create(str(tmp_path / "runs"), "run1", kind="publish", state="building")
-    entry = {"module": APP, "name": "TinyApp", "version": "1.0", "stable_path": str(live)}
-    journal.modules.append(entry)
+    trees = paths.Trees(str(tmp_path / "software"), str(tmp_path / "modules"))
+    journal = publish_journal(tmp_path / "runs", "run1", trees)
+    (entry,) = journal.modules
+    assert entry.stable_path == str(live)
     return journal, entry, live
 
 
@@ -164,8 +168,8 @@ def test_record_live_writes_the_digest_of_the_live_tree_into_the_run(run):
 
     planner.record_live(journal, entry, skip=False)
 
-    assert entry["live_record"] == os.path.join(journal.run_dir, "live", "TinyApp", "1.0.json")
-    with open(entry["live_record"], encoding="utf-8") as handle:
+    assert entry.live_record == os.path.join(journal.run_dir, "live", "TinyApp", "1.0.json")
+    with open(entry.live_record, encoding="utf-8") as handle:
         assert json.load(handle) == fsutil.tree_digest(str(live))
 
 
@@ -174,7 +178,7 @@ def test_record_live_skipped_records_nothing(run):
 
     planner.record_live(journal, entry, skip=True)
 
-    assert entry["live_record"] is None
+    assert entry.live_record is None
     assert not os.path.exists(os.path.join(journal.run_dir, "live"))
 
 
@@ -246,20 +250,10 @@ def site(tmp_path):
 def _journal(site, *modules, run_id="run1", skip_live_check=False):
     trees = paths.Trees.from_installpath(str(site.installpath))
     state_root = paths.prepare_state_root(str(site.state_root))
-    journal = journals.Journal.create(
-        os.path.join(state_root, "runs"), run_id, kind="publish", state="building", trees=trees.as_dict()
+    journal = publish_journal(
+        os.path.join(state_root, "runs"), run_id, trees, modules, skip_live_check=skip_live_check
     )
-    for module in modules:
-        module_paths = paths.ModulePaths(trees, *paths.parse_module(module), run_id)
-        entry = {
-            "module": module_paths.module,
-            "name": module_paths.name,
-            "version": module_paths.version,
-            "stable_path": module_paths.stable_path,
-            "retired_path": module_paths.retired_path,
-            "module_file": module_paths.module_file(),
-        }
-        journal.modules.append(entry)
+    for entry in journal.modules:
         planner.record_live(journal, entry, skip_live_check)
     journal.save()
     return journal, trees
@@ -297,8 +291,10 @@ def _live_state(site, *modules):
 
 def _planned(site, *modules, faults=None, build_env=None, **kwargs):
     journal, trees = _journal(site, *modules)
+    if faults is not None:
+        journal.faults = faults
     generation = _build(trees, "run1", *modules, **(build_env or {}))
-    planner.plan(journal, trees, generation, faults or faults_module.Faults(), **kwargs)
+    planner.plan(journal, trees, generation, **kwargs)
     return journal, trees, generation
 
 
@@ -310,20 +306,20 @@ def test_plan_moves_the_marked_stage_beside_the_live_tree_and_changes_nothing_li
     assert _live_state(site, APP) == before
     (entry,) = journal.modules
     sibling = site.software / "TinyApp" / ".1.0.run1"
-    assert entry["retired_path"] == str(sibling)
+    assert entry.retired_path == str(sibling)
     assert (sibling / "PAYLOAD").read_text() == "new build\n"
     assert (sibling / planner.RUN_MARKER).read_text() == "run1\n"
     assert not os.path.lexists(os.path.join(generation, "software", "TinyApp", "1.0"))
-    assert (entry["stage_ino"], entry["live_ino"]) == (sibling.stat().st_ino, site.live(APP).stat().st_ino)
+    assert (entry.stage_ino, entry.live_ino) == (sibling.stat().st_ino, site.live(APP).stat().st_ino)
 
 
 def test_plan_journals_each_step_done_and_leaves_the_run_planning(site):
     journal, _trees, _generation = _planned(site, APP)
 
     on_disk = journals.Journal.load(journal.path)
-    assert on_disk.state == "planning"
-    assert [(step["step"], step["status"]) for step in on_disk.data["steps"]] == [
-        (f"{name} {APP}", "done") for name in PLAN_STEPS
+    assert on_disk.state is RunState.PLANNING
+    assert [(str(step.step), step.status) for step in on_disk.run.steps] == [
+        (f"{name} {APP}", StepStatus.DONE) for name in PLAN_STEPS
     ]
     assert on_disk.modules == journal.modules
 
@@ -332,11 +328,11 @@ def test_plan_prepares_a_module_file_rooted_at_the_stable_path(site):
     journal, _trees, generation = _planned(site, APP)
 
     (entry,) = journal.modules
-    with open(entry["prepared_module"], "rb") as handle:
+    with open(entry.prepared_module, "rb") as handle:
         prepared = handle.read()
     assert modulefile.parse_root(prepared.decode()) == str(site.live(APP))
     assert generation.encode() not in prepared
-    assert entry["new_module_sha256"] == modulefile.module_hash(prepared)
+    assert entry.new_module_sha256 == modulefile.module_hash(prepared)
 
 
 def test_plan_backs_up_the_live_module_file(site):
@@ -345,9 +341,9 @@ def test_plan_backs_up_the_live_module_file(site):
     journal, _trees, _generation = _planned(site, APP)
 
     (entry,) = journal.modules
-    with open(entry["module_backup"], "rb") as handle:
+    with open(entry.module_backup, "rb") as handle:
         assert handle.read() == old
-    assert entry["old_module_sha256"] == modulefile.module_hash(old)
+    assert entry.old_module_sha256 == modulefile.module_hash(old)
 
 
 def test_plan_records_a_missing_live_module_file_as_no_backup(site):
@@ -355,28 +351,28 @@ def test_plan_records_a_missing_live_module_file_as_no_backup(site):
 
     journal, _trees, _generation = _planned(site, APP)
 
-    assert (journal.modules[0]["module_backup"], journal.modules[0]["old_module_sha256"]) == (None, None)
+    assert (journal.modules[0].module_backup, journal.modules[0].old_module_sha256) == (None, None)
 
 
 def test_plan_records_the_module_class_links_of_the_build(site):
     journal, _trees, _generation = _planned(site, APP)
 
-    assert journal.modules[0]["class_links"] == ["tools"]
+    assert journal.modules[0].class_links == ["tools"]
 
 
 def test_plan_orders_the_modules_dependencies_first(site):
     journal, _trees, _generation = _planned(site, APP, LIB, build_env={"FAKE_EB_DEPENDS": f"{APP}:{LIB}"})
 
-    assert [entry["module"] for entry in journal.modules] == [LIB, APP]
-    assert [entry["module"] for entry in journals.Journal.load(journal.path).modules] == [LIB, APP]
+    assert [entry.module for entry in journal.modules] == [LIB, APP]
+    assert [entry.module for entry in journals.Journal.load(journal.path).modules] == [LIB, APP]
 
 
-def test_plan_counts_four_operations_per_module(site):
+def test_plan_counts_four_operations_per_module_and_their_journal_writes(site):
     faults = faults_module.Faults()
 
     _planned(site, APP, faults=faults)
 
-    assert faults.operations == [f"{name} {APP}" for name in PLAN_STEPS]
+    assert faults.operations == PLAN_POINTS
 
 
 def test_plan_of_a_sealed_install_writes_the_marker_and_keeps_the_seal(site):
@@ -385,7 +381,7 @@ def test_plan_of_a_sealed_install_writes_the_marker_and_keeps_the_seal(site):
     staged = os.path.join(generation, "software", "TinyApp", "1.0")
     os.chmod(staged, SEALED)
 
-    planner.plan(journal, trees, generation, faults_module.Faults())
+    planner.plan(journal, trees, generation)
 
     sibling = site.software / "TinyApp" / ".1.0.run1"
     assert _mode(sibling) == SEALED
@@ -433,7 +429,7 @@ def test_a_prepare_log_planted_as_a_symlink_is_refused_and_its_target_untouched(
     os.symlink(victim, os.path.join(journal.run_dir, "prepare.log"))
 
     with pytest.raises(errors.UsageError, match="is a symbolic link"):
-        planner.plan(journal, trees, generation, faults_module.Faults(), prepare="echo written")
+        planner.plan(journal, trees, generation, prepare="echo written")
 
     assert victim.read_text() == "precious\n"
     assert _live_state(site, APP) == before
@@ -460,7 +456,7 @@ def test_plan_refuses_a_run_whose_build_wrote_nothing(site):
     os.makedirs(generation)
 
     with pytest.raises(errors.PublishError, match="is incomplete"):
-        planner.plan(journal, trees, generation, faults_module.Faults())
+        planner.plan(journal, trees, generation)
 
 
 def test_plan_refuses_a_build_without_a_module_file(site):
@@ -469,7 +465,7 @@ def test_plan_refuses_a_build_without_a_module_file(site):
     os.unlink(os.path.join(generation, "modules", "all", "TinyApp", "1.0.lua"))
 
     with pytest.raises(errors.PublishError, match="the build wrote no module file"):
-        planner.plan(journal, trees, generation, faults_module.Faults())
+        planner.plan(journal, trees, generation)
 
 
 def test_plan_refuses_a_module_file_naming_another_root(site):
@@ -480,7 +476,7 @@ def test_plan_refuses_a_module_file_naming_another_root(site):
         handle.write('local root = "/somewhere/else"\n')
 
     with pytest.raises(errors.PublishError, match="names root /somewhere/else, not the staged install"):
-        planner.plan(journal, trees, generation, faults_module.Faults())
+        planner.plan(journal, trees, generation)
 
 
 def test_plan_refuses_a_live_module_file_that_is_a_symlink(site, tmp_path):
@@ -531,7 +527,7 @@ def test_plan_refuses_when_the_live_tree_changed_during_the_build(site):
     with pytest.raises(
         errors.PublishError, match=r"changed during the build \(PAYLOAD\); nothing was swapped"
     ):
-        planner.plan(journal, trees, generation, faults_module.Faults())
+        planner.plan(journal, trees, generation)
 
     assert (site.live(APP) / "PAYLOAD").read_text() == "edited by hand\n"
 
@@ -541,17 +537,17 @@ def test_plan_with_the_live_check_skipped_accepts_a_changed_live_tree(site):
     generation = _build(trees, "run1", APP)
     (site.live(APP) / "PAYLOAD").write_text("edited by hand\n")
 
-    planner.plan(journal, trees, generation, faults_module.Faults())
+    planner.plan(journal, trees, generation)
 
-    assert journal.modules[0]["live_record"] is None
+    assert journal.modules[0].live_record is None
 
 
-@pytest.mark.parametrize("fail_at", [1, 2, 3, 4])
-def test_an_injected_failure_at_each_plan_step_leaves_the_live_tree_alone(site, fail_at):
+@pytest.mark.parametrize("fail_at", range(1, len(PLAN_POINTS) + 1))
+def test_an_injected_failure_at_each_plan_step_or_its_journal_write_leaves_the_live_tree_alone(site, fail_at):
     before = _live_state(site, APP)
 
     with pytest.raises(faults_module.InjectedFailure) as raised:
         _planned(site, APP, faults=faults_module.Faults(fail_at=fail_at))
 
-    assert raised.value.step == f"{PLAN_STEPS[fail_at - 1]} {APP}"
+    assert raised.value.step == PLAN_POINTS[fail_at - 1]
     assert _live_state(site, APP) == before

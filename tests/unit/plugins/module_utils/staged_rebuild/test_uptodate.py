@@ -15,6 +15,7 @@ import gzip
 import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import uptodate
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild.request import RebuildRequest
 
 APP, LIB = "TinyApp/1.0", "TinyLib/1.0"
 EASYCONFIG = b"name = 'TinyApp'\nversion = '1.0'\n"
@@ -49,15 +50,16 @@ def _install(software, module, *, easyconfig=EASYCONFIG, versions=("5.4.1",), op
     return records
 
 
-def _request(tmp_path, eb, modules=(APP,), easyconfig=EASYCONFIG, eb_args=None):
+def _request(tmp_path, eb, *, modules=(APP,), easyconfig=EASYCONFIG, eb_args=None, more_eb_args=()):
     requested = tmp_path / "TinyApp-1.0.eb"
     requested.write_bytes(easyconfig)
-    return {
-        "software": str(tmp_path / "software"),
-        "modules_requested": list(modules),
-        "eb": str(eb),
-        "eb_args": [str(requested), "--robot"] if eb_args is None else eb_args,
-    }
+    return RebuildRequest(
+        software=str(tmp_path / "software"),
+        modules=str(tmp_path / "modules"),
+        modules_requested=list(modules),
+        eb=str(eb),
+        eb_args=[*([str(requested), "--robot"] if eb_args is None else eb_args), *more_eb_args],
+    )
 
 
 def _why(results):
@@ -139,10 +141,9 @@ def test_an_eb_that_does_not_run_makes_every_module_stale(tmp_path):
 def test_each_module_is_compared_on_its_own(tmp_path, eb):
     _install(tmp_path / "software", APP)
     _install(tmp_path / "software", LIB, easyconfig=b"name = 'TinyLib'\n")
-    request = _request(tmp_path, eb, modules=(APP, LIB))
     lib_easyconfig = tmp_path / "TinyLib-1.0.eb"
     lib_easyconfig.write_bytes(b"name = 'TinyLib'\nversion = '1.0'\n")
-    request["eb_args"].append(str(lib_easyconfig))
+    request = _request(tmp_path, eb, modules=(APP, LIB), more_eb_args=[str(lib_easyconfig)])
 
     results = _why(uptodate.compare(request))
 

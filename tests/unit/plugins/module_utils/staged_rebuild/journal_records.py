@@ -1,0 +1,88 @@
+"""Journals made directly for the unit tests, with the records the core writes.
+
+``publish_journal`` is a rebuild's journal as ``rebuild.rebuild`` creates it before the
+build (its request, its trees and one entry per module); ``retire_journal`` is a retire's as
+``retire.retire`` writes it. A test then changes what it needs (``journal.run.state``,
+``entry.retired_path``, ...) and saves: the typed loader reads every such journal back.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import paths
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild.journal import (
+    Journal,
+    ModuleEntry,
+    RunKind,
+    RunState,
+    now,
+)
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild.records import AbsPath
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild.request import RebuildRequest
+
+APP = "TinyApp/1.0"
+# Never run: a journal records the EasyBuild command, these tests do not build.
+EB = "/opt/easybuild/bin/eb"
+
+
+def trees_of(installpath) -> paths.Trees:
+    return paths.Trees.from_installpath(str(installpath))
+
+
+def rebuild_request(trees, modules=(APP,), run_id="run1", **fields) -> RebuildRequest:
+    """A request as ``request.resolve`` makes it (without its checks of the disk)."""
+    values = {"backend": "installpath", "run_id": run_id, **fields}
+    return RebuildRequest(
+        software=AbsPath(trees.software),
+        modules=AbsPath(trees.modules),
+        modules_requested=list(modules),
+        eb=EB,
+        eb_args=[module.replace("/", "-") + ".eb" for module in modules],
+        **values,
+    )
+
+
+def publish_journal(runs_dir, run_id, trees, modules=(APP,), state=RunState.BUILDING, **request_fields):
+    """A publish run's journal in ``runs_dir`` (created if need be), one entry per module."""
+    os.makedirs(runs_dir, exist_ok=True)
+    request = rebuild_request(trees, modules, run_id, **request_fields)
+    journal = Journal.create(
+        str(runs_dir),
+        run_id,
+        kind=RunKind.PUBLISH,
+        state=state,
+        trees=trees,
+        request=request,
+        backend=request.backend,
+    )
+    journal.run.modules = [ModuleEntry.of(entry) for entry in request.module_paths(run_id)]
+    journal.save()
+    return journal
+
+
+def retire_journal(
+    runs_dir,
+    run_id,
+    *,
+    module_file,
+    retired_to,
+    software_dir,
+    reason="on CVMFS",
+    state=RunState.RETIRED,
+    retired_at=None,
+):
+    """A retire run's journal in ``runs_dir`` (created if need be)."""
+    os.makedirs(runs_dir, exist_ok=True)
+    return Journal.create(
+        str(runs_dir),
+        run_id,
+        kind=RunKind.RETIRE,
+        state=state,
+        module_file=AbsPath(str(module_file)),
+        retired_to=AbsPath(str(retired_to)),
+        module_sha256="00" * 32,
+        software_dir=AbsPath(str(software_dir)),
+        reason=reason,
+        retired_at=retired_at or now(),
+    )

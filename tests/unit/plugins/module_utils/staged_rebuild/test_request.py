@@ -1,0 +1,314 @@
+"""The rebuild request: resolved once from the options and the host's variables
+(``request.resolve``, ``request.live_trees``), checked once against the disk, and kept in the
+journal as it is.
+
+The live tree is a real directory under ``tmp_path`` (``software/TinyApp/1.0``); ``eb`` is an
+executable file that is never run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import paths, records, settings
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import request as request_module
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild.ledger import LedgerConfig
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild.request import RebuildRequest
+
+APP = "TinyApp/1.0"
+BACKENDS = "auto, bwrap, userns, installpath"
+
+
+@pytest.fixture
+def site(tmp_path):
+    (tmp_path / "apps" / "software" / "TinyApp" / "1.0").mkdir(parents=True)
+    (tmp_path / "apps" / "modules" / "all" / "TinyApp").mkdir(parents=True)
+    eb = tmp_path / "bin" / "eb"
+    eb.parent.mkdir()
+    eb.write_text("#!/bin/sh\nexit 0\n")
+    eb.chmod(0o755)
+    return tmp_path
+
+
+def _values(site, **changes):
+    values = {"installpath": str(site / "apps"), "modules": [APP], "eb": str(site / "bin" / "eb")}
+    values.update(changes)
+    return values
+
+
+def _resolve(site, environ=None, eb_args=("TinyApp-1.0.eb",), **changes):
+    return request_module.resolve(_values(site, **changes), environ or {}, list(eb_args))
+
+
+def _refusal(site, environ=None, **changes):
+    with pytest.raises(errors.UsageError) as raised:
+        _resolve(site, environ, **changes)
+    message = settings.cli_message(raised.value)
+    assert "\n" not in message
+    return message
+
+
+# live_trees: the options first, then EasyBuild's variables
+
+
+def test_live_trees_of_installpath_are_its_software_and_modules():
+    trees = request_module.live_trees({"installpath": "/apps"}, {"EASYBUILD_INSTALLPATH": "/other"})
+
+    assert trees == paths.Trees("/apps/software", "/apps/modules")
+
+
+def test_live_trees_of_the_two_tree_options_are_those_trees():
+    trees = request_module.live_trees({"installpath_software": "/s", "installpath_modules": "/m"}, {})
+
+    assert trees == paths.Trees("/s", "/m")
+
+
+@pytest.mark.parametrize("given", ["installpath_software", "installpath_modules"])
+def test_one_tree_option_without_the_other_is_refused(given):
+    with pytest.raises(errors.UsageError) as raised:
+        request_module.live_trees({given: "/x"}, {})
+
+    assert (
+        settings.cli_message(raised.value) == "--installpath-software and --installpath-modules go together"
+    )
+
+
+def test_live_trees_come_from_easybuild_installpath_without_an_option():
+    trees = request_module.live_trees({}, {"EASYBUILD_INSTALLPATH": "/apps"})
+
+    assert trees == paths.Trees("/apps/software", "/apps/modules")
+
+
+def test_the_tree_variables_beat_easybuild_installpath_as_in_easybuild():
+    environ = {"EASYBUILD_INSTALLPATH": "/apps", "EASYBUILD_INSTALLPATH_MODULES": "/mods"}
+
+    assert request_module.live_trees({}, environ) == paths.Trees("/apps/software", "/mods")
+
+
+def test_an_option_beats_every_variable():
+    environ = {"EASYBUILD_INSTALLPATH_SOFTWARE": "/s", "EASYBUILD_INSTALLPATH_MODULES": "/m"}
+
+    assert request_module.live_trees({"installpath": "/apps"}, environ) == paths.Trees(
+        "/apps/software", "/apps/modules"
+    )
+
+
+@pytest.mark.parametrize(
+    ("environ", "tree"),
+    [({}, "software"), ({"EASYBUILD_INSTALLPATH_SOFTWARE": "/s"}, "modules")],
+    ids=["nothing", "software-only"],
+)
+def test_no_install_path_for_a_tree_is_refused_naming_the_tree(environ, tree):
+    with pytest.raises(errors.UsageError) as raised:
+        request_module.live_trees({}, environ)
+
+    assert settings.cli_message(raised.value) == (
+        f"no install path for {tree}: give --installpath DIR (or set EASYBUILD_INSTALLPATH)"
+    )
+
+
+# resolve: what the request holds
+
+
+def test_resolve_gives_the_request_with_every_path_absolute(site):
+    request = _resolve(site, run_id="run1", skip_live_check=True)
+
+    assert request == RebuildRequest(
+        software=str(site / "apps" / "software"),
+        modules=str(site / "apps" / "modules"),
+        modules_requested=[APP],
+        eb=str(site / "bin" / "eb"),
+        eb_args=["TinyApp-1.0.eb"],
+        run_id="run1",
+        backend="auto",
+        skip_live_check=True,
+        allow_unrelocated=False,
+        prepare=None,
+        ledger_config=None,
+        lock_timeout=0.0,
+        ledger=None,
+    )
+    assert request.trees == paths.Trees(str(site / "apps" / "software"), str(site / "apps" / "modules"))
+    assert [entry.stable_path for entry in request.module_paths("run1")] == [
+        str(site / "apps" / "software" / "TinyApp" / "1.0")
+    ]
+
+
+def test_resolve_names_a_run_without_a_run_id_by_the_time_and_a_random_suffix(site):
+    first, second = _resolve(site), _resolve(site)
+
+    assert re.fullmatch(r"\d{8}T\d{6}Z-[0-9a-f]{6}", first.run_id)
+    assert first.run_id != second.run_id
+
+
+def test_resolve_takes_the_lock_timeout(site):
+    assert _resolve(site, lock_timeout=2.5).lock_timeout == 2.5
+
+
+def test_resolve_takes_eb_from_the_variable(site):
+    environ = {settings.EB_VARIABLE: str(site / "bin" / "eb")}
+
+    assert request_module.resolve(
+        {"installpath": str(site / "apps"), "modules": [APP]}, environ, []
+    ).eb == str(site / "bin" / "eb")
+
+
+# resolve: the backend
+
+
+def test_the_backend_comes_from_the_variable_without_the_option(site):
+    assert _resolve(site, {settings.BACKEND_VARIABLE: "userns"}).backend == "userns"
+
+
+def test_the_backend_option_beats_the_variable(site):
+    assert (
+        _resolve(site, {settings.BACKEND_VARIABLE: "userns"}, backend="installpath").backend == "installpath"
+    )
+
+
+def test_an_empty_backend_variable_counts_as_unset(site):
+    assert _resolve(site, {settings.BACKEND_VARIABLE: ""}).backend == "auto"
+
+
+def test_an_unknown_backend_option_is_refused_naming_the_option(site):
+    assert _refusal(site, backend="chroot") == f"--backend chroot is not one of {BACKENDS}"
+
+
+def test_an_unknown_backend_variable_is_refused_naming_the_variable(site):
+    assert _refusal(site, {settings.BACKEND_VARIABLE: "docker"}) == (
+        f"EB_STAGED_REBUILD_BACKEND='docker' is not one of {BACKENDS}"
+    )
+
+
+# resolve: the ledger
+
+
+def test_the_ledger_configuration_is_read_once_and_kept_with_its_absolute_name(site, monkeypatch):
+    (site / "ledger-config.json").write_text(json.dumps({"path": "/var/lib/ledger.jsonl", "site": "hpc1"}))
+    monkeypatch.chdir(site)
+
+    request = _resolve(site, ledger_config="ledger-config.json")
+
+    assert request.ledger_config == str(site / "ledger-config.json")
+    assert request.ledger == LedgerConfig("/var/lib/ledger.jsonl", "hpc1")
+    assert request.ledger_settings() == request.ledger
+
+
+def test_a_request_stored_without_its_ledger_reads_the_configuration_again(site):
+    # What a journal of the previous release holds: the file's name only.
+    (site / "ledger-config.json").write_text(json.dumps({"path": "/var/lib/ledger.jsonl"}))
+    request = RebuildRequest(
+        software="/apps/software",
+        modules="/apps/modules",
+        modules_requested=[APP],
+        eb="/opt/eb",
+        eb_args=[],
+        ledger_config=str(site / "ledger-config.json"),
+    )
+
+    assert request.ledger_settings() == LedgerConfig("/var/lib/ledger.jsonl", "")
+
+
+def test_a_request_without_a_ledger_has_none():
+    assert RebuildRequest("/s", "/m", [APP], "/opt/eb", []).ledger_settings() is None
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot read --ledger-config {config}: No such file or directory"),
+        ("{", "--ledger-config {config} is not JSON"),
+        (
+            json.dumps({"path": "ledger.jsonl"}),
+            "--ledger-config {config}: path 'ledger.jsonl' is not absolute",
+        ),
+        (
+            json.dumps({"path": "/var/lib/../ledger.jsonl"}),
+            "--ledger-config {config}: path '/var/lib/../ledger.jsonl' has a '..' component",
+        ),
+    ],
+    ids=["missing", "not-json", "relative", "dot-dot"],
+)
+def test_a_ledger_configuration_that_is_refused_refuses_the_request(site, content, message):
+    config = site / "ledger-config.json"
+    if content is not None:
+        config.write_text(content)
+
+    assert _refusal(site, ledger_config=str(config)) == message.format(config=config)
+
+
+# resolve: the checks against the disk, before anything is written
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"modules": []}, "rebuild needs at least one --module NAME/VERSION"),
+        ({"modules": None}, "rebuild needs at least one --module NAME/VERSION"),
+        ({"modules": [APP, APP]}, "--module TinyApp/1.0 is given twice"),
+        (
+            {"modules": ["../1.0"]},
+            "--module '../1.0' is not NAME/VERSION of plain names (no '..', no '/', no leading '.')",
+        ),
+        ({"run_id": "a/b"}, "run id 'a/b' is not a plain name ([A-Za-z0-9._-], at most 128)"),
+    ],
+    ids=["no-module", "modules-null", "twice", "not-name-version", "bad-run-id"],
+)
+def test_a_bad_request_is_refused_naming_the_option(site, changes, message):
+    assert _refusal(site, **changes) == message
+
+
+def test_a_module_that_is_not_installed_is_refused(site):
+    missing = site / "apps" / "software" / "Missing" / "1.0"
+
+    assert _refusal(site, modules=["Missing/1.0"]) == (
+        f"Missing/1.0 is not installed: {missing} does not exist "
+        "(a staged rebuild replaces an existing install)"
+    )
+
+
+def test_a_run_id_whose_retired_path_exists_is_refused(site):
+    (site / "apps" / "software" / "TinyApp" / ".1.0.run1").mkdir()
+
+    assert _refusal(site, run_id="run1") == (
+        f"{site}/apps/software/TinyApp/.1.0.run1 exists already; pick another --run-id"
+    )
+
+
+@pytest.mark.parametrize("eb", ["missing", "not-executable", "a-directory"])
+def test_an_easybuild_that_is_not_an_executable_file_is_refused(site, eb):
+    path = site / "bin" / eb
+    if eb == "not-executable":
+        path.write_text("#!/bin/sh\n")
+        path.chmod(0o644)
+    elif eb == "a-directory":
+        path.mkdir()
+
+    assert _refusal(site, eb=str(path)) == (
+        f"EasyBuild command {path} is not an executable file (--eb, EB_STAGED_REBUILD_EB)"
+    )
+
+
+def test_resolve_writes_nothing(site):
+    before = sorted(os.walk(site))
+
+    _resolve(site, run_id="run1")
+
+    assert sorted(os.walk(site)) == before
+
+
+# the journal keeps the request as it is
+
+
+def test_the_request_round_trips_through_the_journal_s_records(site):
+    (site / "ledger-config.json").write_text(json.dumps({"path": "/var/lib/ledger.jsonl", "site": "hpc1"}))
+    request = _resolve(
+        site, run_id="run1", prepare="make check", ledger_config=str(site / "ledger-config.json")
+    )
+
+    assert records.load(RebuildRequest, records.dump(request)) == request
