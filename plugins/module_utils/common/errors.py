@@ -10,7 +10,8 @@ a bug and keeps its traceback (with ``--debug``).
 A message about a setting names the setting, not its spelling:
 ``UsageError(f"{setting('grace_hours')} must not be negative")``. ``render(name_of)``
 spells each named setting as the front end does (``--grace-hours`` on the command line,
-``grace_hours`` in a module); ``str()`` gives the command line's spelling. The name is
+``grace_hours`` in a module); ``str()`` spells it ``--name-with-dashes``, and
+``marked(err)`` keeps the marks, for a message that quotes another error. The name is
 marked with NUL bytes, which no path, option or journal value the message quotes can hold.
 """
 
@@ -22,6 +23,13 @@ EXIT_ERROR = 2
 
 
 _MARK = "\0"
+
+
+def marked(err: BaseException) -> str:
+    """``err``'s message with the settings it names still marked, to quote in another one."""
+    if isinstance(err, HpcstackError) and err.args:
+        return str(err.args[0])
+    return str(err)
 
 
 def setting(name: str) -> str:

@@ -15,7 +15,20 @@ import os
 import signal
 
 from ..common import errors
-from . import fsutil, locking, lockprobe, paths, probe, rebuild, resume, retire, rollback, settings, uptodate
+from . import (
+    backends,
+    fsutil,
+    locking,
+    lockprobe,
+    paths,
+    probe,
+    rebuild,
+    resume,
+    retire,
+    rollback,
+    settings,
+    uptodate,
+)
 from . import gc as gc_module
 from . import journal as journals
 from .journal import RunKind, RunState
@@ -72,6 +85,8 @@ def rebuild_if_changed(request, state_root, progress, env, dry_run=False) -> dic
     """
     comparison = uptodate.compare(request)
     if all(entry["up_to_date"] for entry in comparison):
+        # A backend that cannot run here is refused whatever is live, as when it would build.
+        backends.select(request.backend)
         return {"changed": False, "state": "up_to_date", "dry_run": dry_run, "up_to_date": comparison}
     result = run_rebuild(request, state_root, progress, env, dry_run)
     result["up_to_date"] = comparison

@@ -173,7 +173,7 @@ class StepName:
     @classmethod
     def from_json(cls, value: Any, where: str) -> StepName:
         if not isinstance(value, str):
-            raise records.RecordError(f"{where} must be a string, not {type(value).__name__}")
+            raise records.wrong_type(where, "a string", value)
         undo = value.startswith(_UNDO)
         words = (value[len(_UNDO) :] if undo else value).split(" ")
         for kind in _KINDS_BY_LENGTH:

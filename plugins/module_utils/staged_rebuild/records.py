@@ -26,7 +26,7 @@ import re
 import typing
 from typing import Any, Dict, List, NewType
 
-# A path that starts at / and has no "..", NUL or empty component beyond a final slash.
+# A path that starts at / and has no ".." component and no NUL byte.
 AbsPath = NewType("AbsPath", str)
 # An ISO 8601 time with its UTC offset, as ``journal.now()`` writes it.
 Timestamp = NewType("Timestamp", str)
@@ -50,13 +50,13 @@ def _json_type(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def _wrong(where: str, expected: str, value: Any) -> RecordError:
+def wrong_type(where: str, expected: str, value: Any) -> RecordError:
     return RecordError(f"{where} must be {expected}, not {_json_type(value)}")
 
 
 def _check_str(value: Any, where: str) -> str:
     if not isinstance(value, str):
-        raise _wrong(where, "a string", value)
+        raise wrong_type(where, "a string", value)
     if "\0" in value:
         raise RecordError(f"{where} contains a NUL byte")
     return value
@@ -89,19 +89,19 @@ def _check_sha256(value: Any, where: str) -> str:
 
 def _check_int(value: Any, where: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
-        raise _wrong(where, "an integer", value)
+        raise wrong_type(where, "an integer", value)
     return value
 
 
 def _check_float(value: Any, where: str) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        raise _wrong(where, "a finite number", value)
+        raise wrong_type(where, "a finite number", value)
     return float(value)
 
 
 def _check_bool(value: Any, where: str) -> bool:
     if not isinstance(value, bool):
-        raise _wrong(where, "true or false", value)
+        raise wrong_type(where, "true or false", value)
     return value
 
 
@@ -132,11 +132,11 @@ def _load_value(hint: Any, value: Any, where: str) -> Any:
         return _SCALARS[hint](value, where)
     if origin is list:
         if not isinstance(value, list):
-            raise _wrong(where, "a list", value)
+            raise wrong_type(where, "a list", value)
         return [_load_value(args[0], item, f"{where}[{index}]") for index, item in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
-            raise _wrong(where, "an object", value)
+            raise wrong_type(where, "an object", value)
         return {key: _load_value(args[1], item, where_of(where, key)) for key, item in value.items()}
     return _load_named(hint, value, where)
 
@@ -156,7 +156,7 @@ def _load_named(hint: Any, value: Any, where: str) -> Any:
 def load(cls: Any, value: Any, where: str = "") -> Any:
     """``value`` (parsed JSON) as the record ``cls``; raises RecordError naming the place."""
     if not isinstance(value, dict):
-        raise _wrong(where or "the document", "an object", value)
+        raise wrong_type(where or "the document", "an object", value)
     fields = {field.name: field for field in dataclasses.fields(cls)}
     unknown = sorted(set(value) - set(fields))
     if unknown:

@@ -52,13 +52,14 @@ class Transaction:
                 self.journal.set_state(state_stuck if failures else state_reversed)
         if failures:
             raise errors.PublishError(
-                f"{what} of run {self.journal.run_id} failed ({err}) and reversing it failed too "
+                f"{what} of run {self.journal.run_id} failed ({errors.marked(err)}) "
+                "and reversing it failed too "
                 f"({'; '.join(failures)}); run 'eb-staged-rebuild resume'"
             ) from err
         if isinstance(err, errors.HpcstackError) or not isinstance(err, Exception):
             raise err
         raise errors.PublishError(
-            f"{what} of run {self.journal.run_id} failed: {err}; {consequence}"
+            f"{what} of run {self.journal.run_id} failed: {errors.marked(err)}; {consequence}"
         ) from err
 
     def _reverse(self) -> List[str]:

@@ -694,7 +694,7 @@ STEP_FIELDS = [
         "steps[0].step is 'class-link TinyApp/1.0': a class-link step names 2 more words",
     ),
     ("step", "swap ../1.0", "steps[0].step is 'swap ../1.0': '../1.0' is not NAME/VERSION"),
-    ("step", 5, "steps[0].step must be a string, not int"),
+    ("step", 5, "steps[0].step must be a string, not a number"),
     ("status", "running", "steps[0].status is 'running', not one of started, done"),
     ("at", "soon", "steps[0].at is not an ISO 8601 time: 'soon'"),
     ("ledger_length", "0", "steps[0].ledger_length must be an integer, not a string"),
