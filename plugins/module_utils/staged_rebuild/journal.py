@@ -52,7 +52,7 @@ import json
 import os
 import signal
 import stat
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, ContextManager, Dict, Iterator, List, Optional
 
 from ..common import errors
 from ..common.errors import setting
@@ -494,21 +494,19 @@ class Journal:
             os.kill(os.getpid(), signal.SIGKILL)
         return StepHandle(self, entry)
 
-    @contextlib.contextmanager
     def step(
         self,
         kind: StepKind,
         entry: Optional[ModuleEntry] = None,
         module_class: Optional[str] = None,
         **fields: Any,
-    ) -> Iterator[StepHandle]:
+    ) -> ContextManager[StepHandle]:
         """``with journal.step(kind, entry):`` the block is one journaled step of ``entry``'s module.
 
         Recorded as started before the block runs and done after it returns; a block that
         raises leaves the step ``started``, the mark of the operation a failure interrupted.
         """
-        with self.step_named(step_name(kind, entry, module_class), **fields) as handle:
-            yield handle
+        return self.step_named(step_name(kind, entry, module_class), **fields)
 
     @contextlib.contextmanager
     def step_named(self, name: StepName, **fields: Any) -> Iterator[StepHandle]:

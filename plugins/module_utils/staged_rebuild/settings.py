@@ -57,7 +57,11 @@ def cli_message(err: errors.HpcstackError) -> str:
 
 def option(default: Any = None, **setting: Any) -> Any:
     """A request field that is also an option of the command line and the module."""
-    return dataclasses.field(default=default, metadata={"setting": Setting(default=default, **setting)})
+    # Called in a dataclass body, where field() belongs; pylint sees only this function.
+    field = dataclasses.field(  # pylint: disable=invalid-field-call
+        default=default, metadata={"setting": Setting(default=default, **setting)}
+    )
+    return field
 
 
 def options(record: type) -> Dict[str, Tuple[Setting, Any]]:

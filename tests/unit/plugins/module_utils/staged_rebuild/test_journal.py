@@ -441,7 +441,7 @@ def test_load_refuses_a_schema_that_is_a_number_but_not_an_integer(tmp_path):
 
 def _nested(levels):
     value = "x"
-    for _ in range(levels):
+    for _level in range(levels):
         value = [value]
     return value
 
@@ -577,7 +577,9 @@ RUN_FIELDS = [
 ]
 
 
-@pytest.mark.parametrize(("where", "value", "why"), RUN_FIELDS, ids=[f"{w}={v!r}" for w, v, _ in RUN_FIELDS])
+@pytest.mark.parametrize(
+    ("where", "value", "why"), RUN_FIELDS, ids=[f"{w}={v!r}" for w, v, _why in RUN_FIELDS]
+)
 def test_load_refuses_a_run_field_of_the_wrong_type_or_shape(tmp_path, where, value, why):
     assert _refusal(tmp_path, _set(PREVIOUS_PUBLISH, where, value)) == why
 
@@ -600,7 +602,9 @@ RETIRE_FIELDS = [
 ]
 
 
-@pytest.mark.parametrize(("where", "value", "why"), RETIRE_FIELDS, ids=[w for w, _, _ in RETIRE_FIELDS])
+@pytest.mark.parametrize(
+    ("where", "value", "why"), RETIRE_FIELDS, ids=[w for w, _value, _why in RETIRE_FIELDS]
+)
 def test_load_refuses_a_retire_field_of_the_wrong_type_or_shape(tmp_path, where, value, why):
     assert _refusal(tmp_path, _set(PREVIOUS_RETIRE, where, value)) == why
 
@@ -649,7 +653,7 @@ ENTRY_FIELDS = [
 
 
 @pytest.mark.parametrize(
-    ("field", "value", "why"), ENTRY_FIELDS, ids=[f"{f}={v!r}" for f, v, _ in ENTRY_FIELDS]
+    ("field", "value", "why"), ENTRY_FIELDS, ids=[f"{f}={v!r}" for f, v, _why in ENTRY_FIELDS]
 )
 def test_load_refuses_a_module_entry_field_of_the_wrong_type_or_shape(tmp_path, field, value, why):
     assert _refusal(tmp_path, _set(PREVIOUS_PUBLISH, f"modules[0].{field}", value)) == why
@@ -702,7 +706,7 @@ STEP_FIELDS = [
 
 
 @pytest.mark.parametrize(
-    ("field", "value", "why"), STEP_FIELDS, ids=[f"{f}={v!r}" for f, v, _ in STEP_FIELDS]
+    ("field", "value", "why"), STEP_FIELDS, ids=[f"{f}={v!r}" for f, v, _why in STEP_FIELDS]
 )
 def test_load_refuses_a_step_whose_kind_name_or_field_is_wrong(tmp_path, field, value, why):
     assert _refusal(tmp_path, _set(PREVIOUS_PUBLISH, f"steps[0].{field}", value)) == why

@@ -304,7 +304,7 @@ def test_depth_counts_how_deeply_lists_and_objects_nest(value, expected):
 
 def test_depth_of_a_very_deep_value_is_counted_without_recursion():
     value = []
-    for _ in range(100_000):
+    for _level in range(100_000):
         value = [value]
 
     assert records.depth(value) == 100_001
