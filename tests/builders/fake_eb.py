@@ -15,6 +15,7 @@ Switches, from the environment (eb-staged-rebuild passes its environment on):
   FAKE_EB_WRITE_OUTSIDE=PATH    also write PATH (a hook escaping its install path)
   FAKE_EB_HANG=1                sleep until killed
   FAKE_EB_ARGS_LOG=PATH         append the argument list, one JSON line per call
+  FAKE_EB_HELP_HEX=HEX          bytes (hex) put into each module file's help text, as they are
 """
 
 import json
@@ -82,8 +83,13 @@ def main(argv):
         lines += ['prepend_path("PATH", pathJoin(root, "bin"))', f'setenv("EBROOT{name.upper()}", root)']
         module_file = os.path.join(modules, "all", name, version + ".lua")
         os.makedirs(os.path.dirname(module_file), exist_ok=True)
-        with open(module_file, "w") as handle:
-            handle.write("\n".join(lines) + "\n")
+        text = ("\n".join(lines) + "\n").encode()
+        # A description in Latin-1 (or any bytes): what a real easyconfig's text can hold.
+        text = text.replace(
+            b"Fake build", b"Fake build " + bytes.fromhex(os.environ.get("FAKE_EB_HELP_HEX", "")), 1
+        )
+        with open(module_file, "wb") as handle:
+            handle.write(text)
         class_link = os.path.join(modules, "tools", name, version + ".lua")
         os.makedirs(os.path.dirname(class_link), exist_ok=True)
         if os.path.lexists(class_link):

@@ -53,9 +53,8 @@ def _tracked_roots(runs):
     roots = set()
     for path in files:
         try:
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                root = modulefile.parse_root(handle.read())
-        except OSError:
+            root = modulefile.parse_root(modulefile.read_text(path))
+        except (OSError, errors.UsageError):
             continue
         if root:
             roots.add(os.path.normpath(root))

@@ -95,7 +95,7 @@ def live_snapshot(software, modules, module_names) -> dict:
             "live_dir": entry.stable_path,
             "live_inode": _inode(entry.stable_path),
             "module_file": entry.module_file(),
-            "module_text": _text(entry.module_file()),
+            "module_text": _file_text(entry.module_file()),
         }
     return snapshot
 
@@ -153,13 +153,4 @@ def _file_text(path) -> str:
         if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
             return NOT_A_FILE
         text = handle.read().decode("utf-8", "replace")
-    return text if text.endswith("\n") else text + "\n"
-
-
-def _text(path) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            text = handle.read()
-    except OSError:
-        return NO_MODULE_FILE
     return text if text.endswith("\n") else text + "\n"

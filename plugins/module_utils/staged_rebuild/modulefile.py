@@ -49,10 +49,29 @@ RootAssignment.__doc__ = """The root assignment: its literal ``value`` and where
 (``text[start:end] == value``, inside the quotes or braces), in a ``"lua"`` or ``"tcl"`` file."""
 
 
+def decode(data: bytes) -> str:
+    """A module file's bytes as text; bytes that are not UTF-8 (a Latin-1 description) stay
+    as surrogates, so that ``encode`` gives back every byte as it was."""
+    return data.decode("utf-8", "surrogateescape")
+
+
+def encode(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
+
+
+def read_text(path: str) -> str:
+    """The text of the module file ``path``: a regular file, not followed if a link."""
+    fd = fsutil.open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise errors.UsageError(f"module file {path} is not a regular file")
+        return decode(handle.read())
+
+
 def module_hash(data):
-    """SHA-256 (hex) of a module file's bytes; ``str`` is hashed as UTF-8."""
+    """SHA-256 (hex) of a module file's bytes; ``str`` is hashed as the bytes it came from."""
     if isinstance(data, str):
-        data = data.encode("utf-8")
+        data = encode(data)
     return hashlib.sha256(data).hexdigest()
 
 

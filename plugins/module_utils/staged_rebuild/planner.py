@@ -93,8 +93,7 @@ def check_live(entry):
 
 def _prepare_module(journal, entry, staged_install, staged_module):
     try:
-        with open(staged_module, encoding="utf-8") as handle:
-            text = handle.read()
+        text = modulefile.read_text(staged_module)
     except OSError as err:
         raise errors.PublishError(f"the build wrote no module file {staged_module}: {err.strerror}") from None
     built_root = modulefile.parse_root(text)
@@ -104,7 +103,7 @@ def _prepare_module(journal, entry, staged_install, staged_module):
         raise errors.PublishError(
             f"module file {staged_module} names root {built_root}, not the staged install {staged_install}"
         )
-    prepared = modulefile.with_root(text, entry.stable_path).encode("utf-8")
+    prepared = modulefile.encode(modulefile.with_root(text, entry.stable_path))
     prepared_path = os.path.join(journal.run_dir, "prepared", entry.name, os.path.basename(entry.module_file))
     os.makedirs(os.path.dirname(prepared_path), exist_ok=True)
     fsutil.atomic_write(prepared_path, prepared)
@@ -209,12 +208,7 @@ def plan(journal, trees, generation, *, prepare=None, env=None):
             )
         check_live(entry)
     order = modulefile.publish_order(
-        {entry.module: _read(entry.prepared_module) for entry in journal.modules}
+        {entry.module: modulefile.read_text(entry.prepared_module) for entry in journal.modules}
     )
     journal.run.modules = sorted(journal.modules, key=lambda entry: order.index(entry.module))
     journal.save()
-
-
-def _read(path):
-    with open(path, encoding="utf-8") as handle:
-        return handle.read()

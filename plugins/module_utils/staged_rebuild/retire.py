@@ -61,7 +61,7 @@ def check(module_file, reason, state_root):
         raise errors.UsageError(f"{module_file} is not a regular file; only a module file can be retired")
     with open(module_file, "rb") as handle:
         data = handle.read()
-    root = modulefile.parse_root(data.decode("utf-8", "replace"))
+    root = modulefile.parse_root(modulefile.decode(data))
     if root is None:
         raise errors.UsageError(f"module file {module_file} has no root assignment; refusing to retire it")
     if not os.path.isabs(root):
