@@ -20,7 +20,7 @@ import os
 
 from ..common import errors
 from ..common.errors import setting
-from . import paths
+from . import fsutil, paths
 
 INFO_FILE = "bwrap_info.json"
 
@@ -58,9 +58,8 @@ def check(generation, requested):
     """Read and check ``bwrap_info.json``; ``requested`` are the run's ``Name/version`` modules."""
     info_path = os.path.join(generation, INFO_FILE)
     try:
-        with open(info_path, encoding="utf-8") as handle:
-            info = json.load(handle)
-    except (OSError, ValueError) as err:
+        info = json.loads(fsutil.read_regular(info_path, "EasyBuild's bwrap record"))
+    except (OSError, ValueError, errors.UsageError) as err:
         raise errors.PublishError(f"cannot read {info_path}: {err}; nothing was swapped") from None
     if not isinstance(info, dict):
         raise errors.PublishError(f"{info_path} holds no JSON object; nothing was swapped")

@@ -137,6 +137,20 @@ def open_nofollow(path, flags, mode=0o600):
         raise
 
 
+def read_regular(path, what="file") -> bytes:
+    """The bytes of the regular file ``path``, read without following a link or blocking.
+
+    ``O_NONBLOCK`` makes opening a FIFO return at once, and ``fstat`` on the opened file then
+    refuses it, a socket's stand-in, a device or a directory, each with one line naming
+    ``what`` and ``path``. A missing file stays ``FileNotFoundError``.
+    """
+    fd = open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise errors.UsageError(f"{what} {os.fspath(path)} is not a regular file")
+        return handle.read()
+
+
 def _refuse_symlink(path, what):
     if os.path.islink(path):
         raise errors.UsageError(f"{what} {os.fspath(path)} is a symbolic link; refusing to replace it")

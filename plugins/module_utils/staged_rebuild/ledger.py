@@ -33,8 +33,7 @@ class LedgerConfig:
 def load_config(path):
     """The ledger configuration in the file ``path`` (the ``ledger_config`` setting)."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            document = json.load(handle)
+        document = json.loads(fsutil.read_regular(path, "ledger configuration"))
     except OSError as err:
         raise errors.UsageError(f"cannot read {setting('ledger_config')} {path}: {err.strerror}") from None
     except ValueError:
@@ -53,8 +52,7 @@ def load_config(path):
 
 
 def _sha256(path):
-    with open(path, "rb") as handle:
-        return hashlib.sha256(handle.read()).hexdigest()
+    return hashlib.sha256(fsutil.read_regular(path, "easyconfig")).hexdigest()
 
 
 def lines_of(journal, config):

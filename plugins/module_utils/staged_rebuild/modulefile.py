@@ -61,11 +61,7 @@ def encode(text: str) -> bytes:
 
 def read_text(path: str) -> str:
     """The text of the module file ``path``: a regular file, not followed if a link."""
-    fd = fsutil.open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            raise errors.UsageError(f"module file {path} is not a regular file")
-        return decode(handle.read())
+    return decode(fsutil.read_regular(path, "module file"))
 
 
 def module_hash(data):

@@ -136,9 +136,16 @@ def require_live_dir(paths):
 
 
 def require_module_file_path(paths):
-    """Refuse a module path with a symlink component, also when the file is missing."""
+    """Refuse a module path with a symlink component, also when the file is missing, and a
+    module file that is not a regular file (a FIFO there would block the backup's read)."""
     module_file = paths.module_file()
     fsutil.refuse_symlink_components(module_file, stop_at=paths.trees.modules)
+    try:
+        info = os.lstat(module_file)
+    except FileNotFoundError:
+        return module_file
+    if not stat.S_ISREG(info.st_mode):
+        raise errors.UsageError(f"module file {module_file} is not a regular file")
     return module_file
 
 

@@ -119,8 +119,7 @@ def _back_up_module(journal, entry):
         entry.module_backup = None
         entry.old_module_sha256 = None
         return
-    with open(module_file, "rb") as handle:
-        old = handle.read()
+    old = fsutil.read_regular(module_file, "module file")
     backup = os.path.join(journal.run_dir, "backup", entry.name, os.path.basename(module_file))
     os.makedirs(os.path.dirname(backup), exist_ok=True)
     fsutil.atomic_write(backup, old)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Dict, List
 
-from . import ledger, modulefile, operations, swap
+from . import fsutil, ledger, modulefile, operations, swap
 from .journal import INTERRUPTED, Journal, ModuleEntry, RunKind, RunState, StepKind, now
 from .paths import Trees
 from .transaction import exchange_journaled
@@ -35,8 +35,10 @@ from .transaction import exchange_journaled
 def _module_is_new(entry: ModuleEntry) -> bool:
     if not entry.new_module_sha256 or not os.path.isfile(entry.module_file):
         return False
-    with open(entry.module_file, "rb") as handle:
-        return modulefile.module_hash(handle.read()) == entry.new_module_sha256
+    return (
+        modulefile.module_hash(fsutil.read_regular(entry.module_file, "module file"))
+        == entry.new_module_sha256
+    )
 
 
 def _is_swapped(entry: ModuleEntry) -> bool:

@@ -59,8 +59,7 @@ def check(module_file, reason, state_root):
         raise errors.UsageError(f"module file {module_file} does not exist (already retired?)") from None
     if not stat.S_ISREG(info.st_mode):
         raise errors.UsageError(f"{module_file} is not a regular file; only a module file can be retired")
-    with open(module_file, "rb") as handle:
-        data = handle.read()
+    data = fsutil.read_regular(module_file, "module file")
     root = modulefile.parse_root(modulefile.decode(data))
     if root is None:
         raise errors.UsageError(f"module file {module_file} has no root assignment; refusing to retire it")

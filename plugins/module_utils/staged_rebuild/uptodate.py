@@ -19,7 +19,8 @@ import gzip
 import os
 from typing import Any, Callable, Dict
 
-from . import paths, probe
+from ..common import errors
+from . import fsutil, paths, probe
 
 _LOG_HEAD_BYTES = 4096
 _OPENERS: Dict[str, Callable[..., Any]] = {".gz": gzip.open, ".bz2": bz2.open}
@@ -52,9 +53,8 @@ def _read_all(easyconfigs):
     contents = []
     for path in easyconfigs:
         try:
-            with open(path, "rb") as handle:
-                contents.append(handle.read())
-        except OSError:
+            contents.append(fsutil.read_regular(path, "easyconfig"))
+        except (OSError, errors.UsageError):
             return [], f"easyconfig {path} is not a file that can be read here"
     return contents, None
 
@@ -62,10 +62,9 @@ def _read_all(easyconfigs):
 def _why_stale(install, easyconfig_name, contents, version):
     recorded = os.path.join(install, "easybuild", easyconfig_name)
     try:
-        with open(recorded, "rb") as handle:
-            if handle.read() not in contents:
-                return f"{recorded} differs from the requested easyconfig"
-    except OSError:
+        if fsutil.read_regular(recorded, "easyconfig") not in contents:
+            return f"{recorded} differs from the requested easyconfig"
+    except (OSError, errors.UsageError):
         return f"the live install records no easyconfig ({recorded})"
     if version is None:
         return "eb --version did not run, so the EasyBuild version cannot be compared"
