@@ -81,11 +81,19 @@ def check(module_file, reason, state_root):
     return module_file, data, os.path.normpath(root)
 
 
+RUN_PREFIX = "retire-"
+
+
+def retired_path(state_root, run_id, module_file):
+    """Where the retire ``run_id`` keeps ``module_file``: the only place its rollback takes a
+    file from, so that a journal edited by hand cannot move another file into place."""
+    return os.path.join(state_root, "retired", run_id[len(RUN_PREFIX) :], module_file.lstrip("/"))
+
+
 def retire(state_root, module_file, reason):
     module_file, data, root = check(module_file, reason, state_root)
-    stamp = _timestamp()
-    run_id = "retire-" + stamp
-    destination = os.path.join(state_root, "retired", stamp, module_file.lstrip("/"))
+    run_id = RUN_PREFIX + _timestamp()
+    destination = retired_path(state_root, run_id, module_file)
     # New directories under retired/, whose filesystem check() compared with the module's.
     os.makedirs(os.path.dirname(destination), mode=0o700, exist_ok=True)
     journal = journals.Journal.create(
@@ -120,6 +128,14 @@ def _nothing_moved(journal):
 def check_rollback(journal):
     """Refuse a rollback of a retire that cannot be done; False when it is rolled back already."""
     source, original = journal.run.retired_to, journal.run.module_file
+    state_root = os.path.dirname(os.path.dirname(journal.run_dir))
+    if not journal.run_id.startswith(RUN_PREFIX) or source != retired_path(
+        state_root, journal.run_id, original
+    ):
+        raise errors.JournalError(
+            f"journal {journal.path}: retired_to {source} is not where run {journal.run_id} keeps "
+            f"{original} ({retired_path(state_root, journal.run_id, original)})"
+        )
     if journal.state is RunState.ROLLED_BACK:
         return False
     if _nothing_moved(journal):
