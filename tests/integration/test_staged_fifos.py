@@ -11,6 +11,10 @@ import socket
 
 import pytest
 
+from ansible_collections.hpcstack.ops.plugins.modules import staged_rebuild
+from tests.support.module_runner import disk, run_on_site
+from tests.support.staged import FAKE_EB
+
 APP = "TinyApp/1.0"
 NO_HANG = 30  # seconds: a rebuild of the test builder takes about one
 
@@ -81,3 +85,30 @@ def test_a_journal_replaced_by_a_fifo_refuses_every_command_that_reads_it(staged
     done = site.run(*args, timeout=NO_HANG)
 
     _refused(done, f"journal {run_dir / 'journal.json'}: not a regular file")
+
+
+def test_the_rebuild_module_in_check_and_diff_mode_is_refused_not_blocked_by_a_fifo(staged_site, capsys):
+    """The diff snapshot reads the module file before the core checks it: it must not block."""
+    site = staged_site
+    site.install(APP)
+    _plant("fifo", site.module_file(APP))
+    before = disk(site)
+
+    result = run_on_site(
+        capsys,
+        staged_rebuild,
+        site,
+        check_mode=True,
+        diff=True,
+        installpath=str(site.installpath),
+        modules=[APP],
+        easyconfigs=["TinyApp-1.0.eb"],
+        eb=str(FAKE_EB),
+        backend="installpath",
+        rebuild="always",
+    )
+
+    assert result["failed"] is True
+    assert result["error"] == "usage"
+    assert result["msg"] == f"module file {site.module_file(APP)} is not a regular file"
+    assert disk(site) == before
