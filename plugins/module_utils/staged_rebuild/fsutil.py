@@ -269,6 +269,66 @@ def _components(path):
     return [part for part in path.split("/") if part not in ("", ".")]
 
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_dir_at(parent_fd: int, name: str, where: str) -> int:
+    """The directory ``name`` in ``parent_fd``, never through a link: a component swapped for
+    a symlink after any check fails here, with one line naming ``where``."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise errors.UsageError(
+                f"{where} is not a directory (a symbolic link?); refusing to follow it"
+            ) from None
+        raise
+
+
+def open_dir_chain(root: str, relative: str) -> int:
+    """``root/relative`` opened component by component from ``root`` (itself opened without
+    following a last-component link); the caller closes the descriptor."""
+    fd = os.open(root, _DIR_FLAGS)
+    where = root
+    try:
+        for name in [part for part in relative.split("/") if part not in ("", ".")]:
+            if name == "..":
+                raise errors.UsageError(f"{os.path.join(root, relative)} leaves {root}")
+            where = os.path.join(where, name)
+            child = open_dir_at(fd, name, where)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def remove_tree_at(parent_fd: int, name: str, where: str) -> None:
+    """Remove the directory ``name`` in ``parent_fd`` and all it holds, by descriptors only.
+
+    Every directory is opened relative to the one above it without following a link, and
+    emptied through its own descriptor, so no name is resolved again after a check: a link
+    swapped in anywhere makes the removal fail and never reaches another tree. A sealed
+    directory (no owner write, ``--read-only-installdir``) gets its write bit back first.
+    """
+    fd = open_dir_at(parent_fd, name, where)
+    try:
+        mode = stat.S_IMODE(os.fstat(fd).st_mode)
+        if mode & (stat.S_IWUSR | stat.S_IXUSR) != stat.S_IWUSR | stat.S_IXUSR:
+            os.fchmod(fd, mode | stat.S_IWUSR | stat.S_IXUSR)
+        with os.scandir(fd) as entries:
+            children = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
+        for child, is_dir in children:
+            if is_dir:
+                remove_tree_at(fd, child, os.path.join(where, child))
+            else:
+                os.unlink(child, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=parent_fd)
+
+
 def refuse_symlink_components(path, stop_at=None):
     """Raise ``UsageError`` naming the first component of ``path`` that is a symbolic link.
 

@@ -18,7 +18,7 @@ import os
 from typing import Any, Dict, Set
 
 from ..common import errors
-from . import fsutil, modulefile, operations, settings
+from . import fsutil, modulefile, settings
 from . import journal as journals
 from .journal import RunKind, RunState
 
@@ -74,17 +74,28 @@ def _collect_siblings(journal, now, grace, dry_run, report):
                 f"run {journal.run_id} records {sibling}, which is not a hidden sibling of "
                 f"{entry.stable_path}; gc stops"
             )
-        # A link above the sibling (software/Name replaced by one) would send rmtree elsewhere.
         fsutil.refuse_symlink_components(sibling, stop_at=software)
         if not old_enough:
             report["kept"].append({"path": sibling, "run_id": journal.run_id, "why": "grace period"})
             continue
         if not dry_run:
-            operations.remove_tree(sibling)
+            _remove_below(software, sibling)
         report["removed"].append({"path": sibling, "run_id": journal.run_id})
     generation = journal.trees.generation(journal.run_id)
     if old_enough and not dry_run and os.path.isdir(generation) and not os.path.islink(generation):
-        operations.remove_tree(generation)
+        _remove_below(software, generation)
+
+
+def _remove_below(software, path):
+    """Remove the directory ``path`` under ``software`` by descriptors opened from the root
+    down: ``software/Name`` swapped for a link to another tree after the check above makes
+    the removal fail in one line, and it never deletes anything in that other tree."""
+    parent, name = os.path.split(os.path.relpath(path, software))
+    parent_fd = fsutil.open_dir_chain(software, parent)
+    try:
+        fsutil.remove_tree_at(parent_fd, name, path)
+    finally:
+        os.close(parent_fd)
 
 
 def _report_retired(journal, roots, now, grace, report):

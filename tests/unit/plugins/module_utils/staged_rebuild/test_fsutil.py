@@ -924,3 +924,58 @@ def test_changed_paths_sees_same_size_content_changes_and_retyped_entries(tmp_pa
     after = fsutil.tree_digest(root)
 
     assert fsutil.changed_paths(before, after) == ["PAYLOAD", "added", "bin/tool", "lib/deep/libx.so"]
+
+
+# Removal by descriptors
+
+
+def test_remove_tree_at_removes_a_sealed_tree_by_descriptors(tmp_path):
+    tree = tmp_path / "software" / "TinyApp" / ".1.0.run1"
+    (tree / "bin").mkdir(parents=True)
+    (tree / "bin" / "tiny").write_text("program\n")
+    (tree / "link").symlink_to("/etc/passwd")
+    os.chmod(tree / "bin", 0o500)  # sealed: no write bit, as --read-only-installdir leaves it
+    os.chmod(tree, 0o500)
+    parent_fd = fsutil.open_dir_chain(str(tmp_path / "software"), "TinyApp")
+    try:
+        fsutil.remove_tree_at(parent_fd, ".1.0.run1", str(tree))
+    finally:
+        os.close(parent_fd)
+
+    assert not tree.exists()
+    assert os.path.exists("/etc/passwd")
+
+
+def test_open_dir_chain_refuses_a_component_that_is_a_link_and_names_it(tmp_path):
+    (tmp_path / "elsewhere" / "TinyApp").mkdir(parents=True)
+    (tmp_path / "software").mkdir()
+    (tmp_path / "software" / "TinyApp").symlink_to(tmp_path / "elsewhere" / "TinyApp")
+
+    with pytest.raises(errors.UsageError) as raised:
+        fsutil.open_dir_chain(str(tmp_path / "software"), "TinyApp")
+
+    assert str(raised.value) == (
+        f"{tmp_path / 'software' / 'TinyApp'} is not a directory (a symbolic link?); refusing to follow it"
+    )
+
+
+def test_open_dir_chain_refuses_to_climb_out_of_its_root(tmp_path):
+    (tmp_path / "software").mkdir()
+
+    with pytest.raises(errors.UsageError, match="leaves"):
+        fsutil.open_dir_chain(str(tmp_path / "software"), "../etc")
+
+
+def test_remove_tree_at_refuses_a_name_that_is_a_link_and_leaves_its_target(tmp_path):
+    target = tmp_path / "victim"
+    target.mkdir()
+    (target / "keep").write_text("x\n")
+    (tmp_path / "sibling").symlink_to(target)
+    parent_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(errors.UsageError, match="symbolic link"):
+            fsutil.remove_tree_at(parent_fd, "sibling", str(tmp_path / "sibling"))
+    finally:
+        os.close(parent_fd)
+
+    assert (target / "keep").read_text() == "x\n"
