@@ -7,7 +7,7 @@ PYTHON := $(VENV)/bin/python
 GATES ?=
 PYTEST_ARGS ?=
 
-.PHONY: test demo bench lint lock clean
+.PHONY: test demo bench stress lint lock clean
 
 test:
 	@tools/bootstrap.sh test
@@ -24,6 +24,11 @@ demo:
 bench:
 	@tools/bootstrap.sh demo
 	@$(PYTHON) benchmarks/run.py
+
+# The racing tests with many more attempts than `make test` gives them (1,000 each).
+stress:
+	@tools/bootstrap.sh test
+	@HPCSTACK_RACE_ATTEMPTS=1000 $(PYTHON) -m pytest -q -s -p no:cacheprovider tests/integration/test_staged_races.py
 
 # Re-resolve requirements/dev.txt from the direct pins in requirements/dev.in.
 lock:
