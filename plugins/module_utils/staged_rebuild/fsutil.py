@@ -286,9 +286,12 @@ def open_dir_at(parent_fd: int, name: str, where: str) -> int:
 
 
 def open_dir_chain(root: str, relative: str) -> int:
-    """``root/relative`` opened component by component from ``root`` (itself opened without
-    following a last-component link); the caller closes the descriptor."""
-    fd = os.open(root, _DIR_FLAGS)
+    """``root/relative`` opened component by component from ``root``; the caller closes it.
+
+    ``root`` itself is trusted, as ``refuse_symlink_components``'s ``stop_at`` is (a site may
+    keep its software root behind a link); every component below it is opened without
+    following one."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     where = root
     try:
         for name in [part for part in relative.split("/") if part not in ("", ".")]:

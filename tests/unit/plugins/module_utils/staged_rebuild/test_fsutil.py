@@ -979,3 +979,14 @@ def test_remove_tree_at_refuses_a_name_that_is_a_link_and_leaves_its_target(tmp_
         os.close(parent_fd)
 
     assert (target / "keep").read_text() == "x\n"
+
+
+def test_open_dir_chain_trusts_a_root_behind_a_link_as_a_site_may_keep_it(tmp_path):
+    (tmp_path / "real" / "TinyApp").mkdir(parents=True)
+    (tmp_path / "software").symlink_to(tmp_path / "real")
+
+    fd = fsutil.open_dir_chain(str(tmp_path / "software"), "TinyApp")
+    try:
+        assert os.fstat(fd).st_ino == os.stat(tmp_path / "real" / "TinyApp").st_ino
+    finally:
+        os.close(fd)
