@@ -1,0 +1,79 @@
+"""What the guard trusts in the directories it shares with other users (issue 18, item F).
+
+Real steps of real guard processes, bash and Lmod, as in ``test_arch_guard_step``: planted
+names at the cache's temporary names, a TMPDIR that others can write to, report files that
+are not what the helper wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from tests.integration.test_arch_guard_step import (
+    RELOAD_RUNS,
+    Step,
+    directives,
+    finish,
+    forged_file,
+    reference_reload,
+    snapshot,
+)
+
+__all__ = ["reference_reload"]  # the fixture, shared with test_arch_guard_step
+
+PLANTED = 3000
+TASKS = 64
+STEP_TIMEOUT = "15"
+
+
+def run_step(step: Step, tasks: int) -> tuple:
+    """Start ``tasks`` tasks of the step at once; their runs and the wall time of the step."""
+    started = time.monotonic()
+    children = [step.start(dict(step.env, SLURM_LOCALID=str(local_id))) for local_id in range(tasks)]
+    runs = [finish(child) for child in children]
+    return runs, time.monotonic() - started
+
+
+def next_pids(count: int) -> range:
+    """The pids the next processes will most likely get (Linux hands them out in order)."""
+    last = int(Path("/proc/sys/kernel/ns_last_pid").read_text())
+    return range(last + 1, last + 1 + count)
+
+
+def test_3000_planted_temporary_names_do_not_serialise_a_step_of_64_tasks(
+    guard_site, tmp_path, unprivileged_user, reference_reload
+):
+    assert unprivileged_user.uid != os.getuid(), "needs root, as on the CI machine"
+    for name in ("unplanted", "planted"):
+        (tmp_path / name).mkdir()
+    unplanted = Step(guard_site, tmp_path / "unplanted", EESSI_ARCH_GUARD_TIMEOUT=STEP_TIMEOUT)
+    clean_runs, clean_took = run_step(unplanted, TASKS)
+    assert [run.returncode for run in clean_runs] == [0] * TASKS
+
+    planted_step = Step(guard_site, tmp_path / "planted", EESSI_ARCH_GUARD_TIMEOUT=STEP_TIMEOUT)
+    victim = forged_file(planted_step.tmp / "victim", owner=unprivileged_user)
+    before = snapshot(victim)
+    cache_path = planted_step.cache_path()
+    # The predictable names: <cache>.<pid>.new for the next pids, as the attack in issue 18 did.
+    planted = {f"{cache_path}.{pid}.new" for pid in next_pids(PLANTED)}
+    for name in planted:
+        os.symlink(victim, name)
+
+    runs, took = run_step(planted_step, TASKS)
+
+    assert [(run.returncode, run.stderr) for run in runs] == [(0, b"")] * TASKS
+    assert not any(b"->timeout" in run.stdout for run in runs)
+    assert [directives(run.stdout) for run in runs] == [directives(reference_reload)] * TASKS
+    # One decision computed, published, and read by the 63 others.
+    assert planted_step.runs() == RELOAD_RUNS
+    assert os.path.isfile(cache_path)
+    assert not os.path.islink(cache_path)
+    assert snapshot(victim) == before
+    assert planted_step.scratch_names() == {os.path.basename(name) for name in planted} | {
+        os.path.basename(cache_path),
+        os.path.basename(cache_path) + ".lock",
+    }
+    # Within 1.5x of the unplanted step (plus 2 s for two busy shared cores).
+    assert took <= 1.5 * clean_took + 2, (took, clean_took)
