@@ -7,14 +7,17 @@ are not what the helper wrote.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
 
+from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard import cache
 from tests.integration.test_arch_guard_step import (
     RELOAD_RUNS,
     Step,
     directives,
+    executable,
     finish,
     forged_file,
     reference_reload,
@@ -77,3 +80,40 @@ def test_3000_planted_temporary_names_do_not_serialise_a_step_of_64_tasks(
     }
     # Within 1.5x of the unplanted step (plus 2 s for two busy shared cores).
     assert took <= 1.5 * clean_took + 2, (took, clean_took)
+
+
+def lmod_recording_its_directory(step: Step, record: Path) -> str:
+    """LMOD_CMD that writes the directory it runs in (the helper's work directory) to ``record``,
+    then is the real Lmod."""
+    path = executable(
+        step.tmp / "bin" / "lmod",
+        f'#!/bin/bash\npwd >> {record}\nexec {step.site.lmod.cmd} "$@"\n',
+    )
+    return str(path)
+
+
+def test_a_tmpdir_others_can_write_without_the_sticky_bit_is_not_used(guard_site, tmp_path, reference_reload):
+    step = Step(guard_site, tmp_path)
+    os.chmod(step.scratch, 0o777)  # noqa: S103 (a real directory anyone can rename entries in)
+    record = tmp_path / "helper-dirs"
+    # A job id of this test alone: the step cache goes to the machine's /tmp.
+    job = f"trust{os.getpid()}"
+    env = dict(step.env, SLURM_JOB_ID=job, LMOD_CMD=lmod_recording_its_directory(step, record))
+    cache_path = cache.path_for(env, "prolog")
+    try:
+        first, second = step.run(env), step.run(env)
+
+        assert (first.returncode, first.stderr) == (0, b"")
+        assert directives(first.stdout) == directives(reference_reload)
+        assert (second.returncode, second.stdout, second.stderr) == (0, first.stdout, b"")
+        assert step.scratch_names() == set()
+        assert os.path.dirname(cache_path) == "/tmp"
+        assert os.path.isfile(cache_path)
+        assert step.runs() == RELOAD_RUNS  # the second task read the cache in /tmp
+        helper_dirs = set(record.read_text().split())
+        assert helper_dirs
+        assert {os.path.dirname(path) for path in helper_dirs} == {"/tmp"}
+    finally:
+        for path in (cache_path, cache_path + ".lock"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)

@@ -87,16 +87,20 @@ def digest(env) -> str:
 
 
 def path_for(env, mode: str):
-    """The cache file of this task's step, node and mode, or None outside a Slurm job."""
+    """The cache file of this task's step, node and mode; None outside a Slurm job, and None
+    when neither TMPDIR nor /tmp is a trusted directory (``settings.distrust``)."""
     job = env.get("SLURM_JOB_ID")
     if not job:
+        return None
+    scratch = scratch_dir(env)
+    if scratch is None:
         return None
     node = env.get("SLURMD_NODENAME") or posix.uname().nodename
     step = env.get("SLURM_STEP_ID") or "batch"
     name = ".".join(
         (PREFIX, str(posix.getuid()), component(node), component(job), component(step), mode, digest(env))
     )
-    return f"{scratch_dir(env)}/{name}"
+    return f"{scratch}/{name}"
 
 
 def _check_ours(fd: int, what: str) -> None:

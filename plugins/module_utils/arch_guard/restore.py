@@ -86,7 +86,9 @@ fi
 : > complete
 """
 
-_FALLBACK_ROOT = "/tmp"  # noqa: S108 (where slurmstepd falls back to, too)
+_WORK_DIR_REMEDY = (
+    "set TMPDIR to a directory of the job's user (mode 0700), or make /tmp root's with mode 1777"
+)
 
 # Where the helper's `env` is looked for: the system's, not one a module put on PATH.
 _ENV_TOOL_PATH = "/usr/bin:/bin"
@@ -151,20 +153,26 @@ def reload_modules(env, modules, deadline: Deadline) -> Report:
 
 
 def _make_work_dir(env) -> str:
-    """A new directory under TMPDIR, or under /tmp when TMPDIR refuses it.
+    """A new directory under TMPDIR, or under /tmp when TMPDIR refuses it or is not trusted.
 
     slurmstepd, too, falls back to /tmp when the job's TMPDIR is not writable; a task
-    should not lose its repair to that.
+    should not lose its repair to that. Only a trusted directory (``settings.distrust``) is
+    used: in one that others can write to without the sticky bit, they could rename the
+    work directory away and plant their own, with their own report in it.
     """
-    roots = [settings.scratch_dir(env)]
-    if roots[0] != _FALLBACK_ROOT:
-        roots.append(_FALLBACK_ROOT)
-    for root in roots:
+    refusals = []
+    for root in settings.scratch_candidates(env):
+        reason = settings.distrust(root)
+        if reason is not None:
+            refusals.append(f"{reason}, not trusted")
+            continue
         try:
             return tempfile.mkdtemp(prefix=".eessi-arch-guard-restore.", dir=root)
         except OSError as err:
-            refusal = f"cannot create the helper's work directory in {root}: {err.strerror}"
-    raise RestoreFailed(refusal)
+            refusals.append(f"cannot create the helper's work directory in {root}: {err.strerror}")
+    raise RestoreFailed(
+        f"no place for the restore helper's work directory: {'; '.join(refusals)}; {_WORK_DIR_REMEDY}"
+    )
 
 
 def _read_report(work: str, result: proc.ChildResult) -> Report:
