@@ -12,6 +12,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard import cache
 from tests.integration.test_arch_guard_step import (
     RELOAD_RUNS,
@@ -117,3 +119,46 @@ def test_a_tmpdir_others_can_write_without_the_sticky_bit_is_not_used(guard_site
         for path in (cache_path, cache_path + ".lock"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+
+
+def lmod_planting_after_env(step: Step, how: str) -> str:
+    """LMOD_CMD: the real Lmod, and on ``load`` it also points the helper's ``env_tool`` at a
+    program that writes the environment and then replaces ``after.env`` in the work directory
+    (the helper's cwd) by a FIFO or a symlink to a forged report, as an attacker with write
+    access to the work directory would."""
+    forged = step.tmp / "forged.env"
+    forged.write_bytes(b"PATH=/evil\0LD_PRELOAD=/tmp/evil.so\0EESSI_SOFTWARE_SUBDIR=x86_64/amd/zen3\0")
+    plant = "mkfifo after.env" if how == "fifo" else f"ln -s {forged} after.env"
+    fake_env = executable(
+        step.tmp / "bin" / "fake-env", f"#!/bin/bash\n/usr/bin/env -0\nrm -f after.env\n{plant}\n"
+    )
+    path = executable(
+        step.tmp / "bin" / "lmod",
+        f'#!/bin/bash\n{step.site.lmod.cmd} "$@" || exit 1\n'
+        f'if [ "$2" = load ]; then echo "env_tool={fake_env}"; fi\n',
+    )
+    return str(path)
+
+
+@pytest.mark.parametrize("how", ["fifo", "symlink"])
+def test_a_report_file_replaced_by_a_fifo_or_a_symlink_is_refused_within_the_deadline(
+    guard_site, tmp_path, how
+):
+    step = Step(guard_site, tmp_path)
+    env = dict(step.env, LMOD_CMD=lmod_planting_after_env(step, how), EESSI_ARCH_GUARD_TIMEOUT="5")
+
+    started = time.monotonic()
+    run = step.run(env, timeout=30)
+    took = time.monotonic() - started
+
+    assert (run.returncode, run.stderr) == (0, b"")
+    assert took < 5
+    assert run.stdout.startswith(b"export EESSI_ARCH_GUARD_FAILED=x86_64/intel/haswell->restore-failed\n")
+    assert b"LD_PRELOAD" not in run.stdout
+    assert b"/evil" not in run.stdout
+    # Nothing was cached for the step's other tasks from a report that was not believed,
+    # and the work directory is gone.
+    assert step.scratch_names() <= {
+        os.path.basename(step.cache_path()),
+        os.path.basename(step.cache_path()) + ".lock",
+    }

@@ -4,10 +4,14 @@ report reading refuse. Real directories, modes, owners, FIFOs and links througho
 from __future__ import annotations
 
 import os
+import re
+import time
 
 import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard import cache, restore, settings
+from ansible_collections.hpcstack.ops.plugins.module_utils.common import proc
+from ansible_collections.hpcstack.ops.plugins.module_utils.common.deadline import Deadline, DeadlineExceeded
 
 
 def directory(path, mode: int, owner=None):
@@ -88,3 +92,113 @@ def test_the_work_directory_goes_to_tmp_when_tmpdir_is_not_trusted(tmp_path):
         assert os.listdir(open_tmpdir) == []
     finally:
         os.rmdir(work)
+
+
+# ---------------------------------------------------------------- the helper's report
+
+BEFORE = b"PATH=/usr/bin\0EESSI_SOFTWARE_SUBDIR=x86_64/intel/haswell\0"
+AFTER = b"PATH=/usr/bin\0EESSI_SOFTWARE_SUBDIR=x86_64/amd/zen3\0"
+FORGED = b"PATH=/evil\0LD_PRELOAD=/tmp/evil.so\0EESSI_SOFTWARE_SUBDIR=x86_64/amd/zen3\0"
+REPORT_NAMES = ("failed-module", "complete", "before.env", "after.env")
+OK = proc.ChildResult(0, b"", b"")
+
+
+@pytest.fixture
+def work(tmp_path):
+    """A work directory as the helper leaves it after a good reload, and its descriptor."""
+    path = tmp_path / "work"
+    path.mkdir(mode=0o700)
+    (path / "before.env").write_bytes(BEFORE)
+    (path / "after.env").write_bytes(AFTER)
+    (path / "complete").write_bytes(b"")
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    yield path, fd
+    os.close(fd)
+
+
+def replace(path, how: str, tmp_path, unprivileged_user) -> None:
+    """Put at ``path`` what the helper did not write there."""
+    if path.exists():
+        path.unlink()
+    if how == "fifo":
+        os.mkfifo(path, 0o600)
+    elif how == "symlink":
+        target = tmp_path / "forged"
+        target.write_bytes(FORGED)
+        path.symlink_to(target)
+    elif how == "hard-link":
+        target = tmp_path / "forged"
+        target.write_bytes(FORGED)
+        os.link(target, path)
+    elif how == "other-owner":
+        assert unprivileged_user.uid != os.getuid(), "needs root, as on the CI machine"
+        path.write_bytes(FORGED)
+        os.chown(path, unprivileged_user.uid, unprivileged_user.gid)
+    elif how == "directory":
+        path.mkdir()
+
+
+def test_a_good_report_is_read(work):
+    _path, fd = work
+    report = restore._read_report(fd, OK, Deadline(5))
+    assert report.after["EESSI_SOFTWARE_SUBDIR"] == "x86_64/amd/zen3"
+    assert report.before["EESSI_SOFTWARE_SUBDIR"] == "x86_64/intel/haswell"
+
+
+@pytest.mark.parametrize("name", REPORT_NAMES)
+@pytest.mark.parametrize("how", ["fifo", "symlink", "hard-link", "other-owner", "directory"])
+def test_a_report_file_that_is_not_the_helpers_is_refused_at_once(
+    work, tmp_path, unprivileged_user, name, how
+):
+    path, fd = work
+    replace(path / name, how, tmp_path, unprivileged_user)
+    forged_before = (tmp_path / "forged").read_bytes() if (tmp_path / "forged").exists() else None
+
+    started = time.monotonic()
+    with pytest.raises(restore.RestoreFailed, match=re.escape(f"the restore helper's report {name} ")):
+        restore._read_report(fd, OK, Deadline(5))
+
+    assert time.monotonic() - started < 1  # a FIFO is opened without waiting for a writer
+    if forged_before is not None:
+        assert (tmp_path / "forged").read_bytes() == forged_before
+
+
+def test_a_missing_env_report_is_refused(work):
+    path, fd = work
+    (path / "after.env").unlink()
+    with pytest.raises(restore.RestoreFailed, match=r"left no report after\.env"):
+        restore._read_report(fd, OK, Deadline(5))
+
+
+def test_the_report_is_not_read_after_the_deadline(work):
+    _path, fd = work
+    with pytest.raises(DeadlineExceeded, match="not read after"):
+        restore._read_report(fd, OK, Deadline(0))
+
+
+def test_a_work_directory_swapped_after_it_was_opened_is_not_read(tmp_path):
+    # The attack of issue 18: the directory renamed away and another planted at its name.
+    work = tmp_path / "work"
+    work.mkdir(mode=0o700)
+    fd = restore._open_work_dir(str(work))
+    try:
+        work.rename(tmp_path / "moved")
+        work.mkdir(mode=0o700)
+        (work / "before.env").write_bytes(BEFORE)
+        (work / "after.env").write_bytes(FORGED)
+        (work / "complete").write_bytes(b"")
+        with pytest.raises(restore.RestoreFailed, match="exited 0"):
+            restore._read_report(fd, OK, Deadline(5))
+    finally:
+        os.close(fd)
+
+
+def test_a_work_directory_that_is_a_symlink_or_open_to_others_is_refused(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(real)
+    with pytest.raises(restore.RestoreFailed, match="cannot open"):
+        restore._open_work_dir(str(tmp_path / "link"))
+    os.chmod(real, 0o755)  # noqa: S103 (a work directory others can read)
+    with pytest.raises(restore.RestoreFailed, match="mode 0700"):
+        restore._open_work_dir(str(real))
