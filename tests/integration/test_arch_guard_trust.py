@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import signal
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -162,3 +166,87 @@ def test_a_report_file_replaced_by_a_fifo_or_a_symlink_is_refused_within_the_dea
         os.path.basename(step.cache_path()),
         os.path.basename(step.cache_path()) + ".lock",
     }
+
+
+# The attacker of issue 18, defect 1, as another unprivileged user: it polls the directories
+# (os.listdir, the stdlib has no inotify) for the helper's work directories, renames each one
+# away and plants its own in its place with a forged report. Writes "<dir> <seen> <moved>
+# <denied>" per directory when SIGTERM stops it.
+ATTACKER = r"""
+import os, signal, sys, time
+*watched, forged, out = sys.argv[1:]
+counts = {d: [0, 0, 0] for d in watched}
+done = set()
+stop = []
+signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+open(out + ".ready", "w").close()
+while not stop:
+    for d in watched:
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for name in names:
+            if not name.startswith(".eessi-arch-guard-restore.") or (d, name) in done:
+                continue
+            done.add((d, name))
+            counts[d][0] += 1
+            try:
+                os.rename(os.path.join(d, name), os.path.join(d, "moved-by-attacker-" + name))
+                os.mkdir(os.path.join(d, name), 0o777)
+                for report in ("before.env", "after.env", "complete"):
+                    os.symlink(forged, os.path.join(d, name, report))
+                counts[d][1] += 1
+            except OSError:
+                counts[d][2] += 1
+    time.sleep(0.0002)
+with open(out, "w") as handle:
+    for d, (seen, moved, denied) in counts.items():
+        handle.write(f"{d} {seen} {moved} {denied}\n")
+"""
+# 100 tries, as the issue's acceptance asks: about 30 s on two shared cores.
+ATTACK_TRIES = 100
+
+
+def test_work_directory_attack_by_another_user_in_an_open_tmpdir_gives_the_job_nothing(
+    guard_site, tmp_path, unprivileged_user, user_tmp_path, reference_reload
+):
+    assert unprivileged_user.uid != os.getuid(), "needs root, as on the CI machine"
+    # A root-owned TMPDIR that anyone can write, without the sticky bit, where the attacker can reach it.
+    open_tmpdir = Path(tempfile.mkdtemp(prefix="hpcstack-open-tmpdir-"))
+    os.chmod(open_tmpdir, 0o777)  # noqa: S103 (the attack's precondition)
+    forged = user_tmp_path / "forged.env"
+    forged.write_bytes(b"PATH=/evil\0LD_PRELOAD=/tmp/evil.so\0EESSI_SOFTWARE_SUBDIR=x86_64/amd/zen3\0")
+    out = user_tmp_path / "attacker.out"
+    attacker = subprocess.Popen(
+        unprivileged_user.command(
+            ["/usr/bin/python3", "-I", "-c", ATTACKER, str(open_tmpdir), "/tmp", str(forged), str(out)]
+        ),
+        env=unprivileged_user.env(),
+        stdin=subprocess.DEVNULL,
+    )
+    step = Step(guard_site, tmp_path)
+    env = {
+        name: value for name, value in step.env.items() if name != "SLURM_JOB_ID"
+    }  # no cache: each try reloads
+    env["TMPDIR"] = str(open_tmpdir)
+    try:
+        give_up = time.monotonic() + 30
+        while not (user_tmp_path / "attacker.out.ready").exists() and time.monotonic() < give_up:
+            time.sleep(0.02)
+        assert attacker.poll() is None, "the attacker did not start"
+        runs = [step.run(env) for _ in range(ATTACK_TRIES)]
+    finally:
+        attacker.send_signal(signal.SIGTERM)
+        attacker.wait(timeout=30)
+        shutil.rmtree(open_tmpdir, ignore_errors=True)
+
+    assert [(run.returncode, run.stdout, run.stderr) for run in runs] == [
+        (0, reference_reload, b"")
+    ] * ATTACK_TRIES
+    counts = {line.split()[0]: [int(n) for n in line.split()[1:]] for line in out.read_text().splitlines()}
+    # Nothing of the guard's appeared in the open TMPDIR; in /tmp (sticky) no rename succeeded.
+    assert counts[str(open_tmpdir)] == [0, 0, 0]
+    # The watcher works: it saw the work directories in /tmp, and was refused each rename.
+    assert counts["/tmp"][0] >= 1
+    assert counts["/tmp"][1] == 0
