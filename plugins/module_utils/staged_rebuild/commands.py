@@ -218,7 +218,10 @@ def show_status(state_root, run_id=None) -> dict:
     state_root = existing_state_root(state_root)
     if run_id:
         return {"run": journals.summary(journals.find(state_root, run_id), detail=True)}
-    return {"runs": [journals.summary(journal) for journal in journals.run_journals(state_root)]}
+    return {
+        "runs": [journals.summary(journal) for journal in journals.run_journals(state_root)],
+        "incomplete": journals.incomplete(state_root),
+    }
 
 
 def probe_host(path, eb, contention=None) -> dict:

@@ -172,6 +172,61 @@ def test_resume_dry_run_lists_nothing_when_no_run_was_interrupted(site):
     assert (planned["would_change"], planned["interrupted"]) == (False, [])
 
 
+def test_resume_of_a_run_stopped_before_its_modules_were_recorded_ends_it_failed_and_builds_nothing(site):
+    """The journal as a crash right after ``Journal.create`` leaves it: ``building``, no
+    modules (the crash hook stops only at journaled steps, and this point has none)."""
+    _publish(site, "first")
+    request = _request(site, "run2")
+    journals.Journal.create(
+        str(site.state_root / "runs"),
+        "run2",
+        kind=journals.RunKind.PUBLISH,
+        state=journals.RunState.BUILDING,
+        trees=request.trees,
+        request=request,
+        backend="installpath",
+    )
+    trees = snapshot(site.software, site.modules)
+
+    result = commands.resume_runs(
+        str(site.state_root), "run2", lock_timeout=0.0, progress=lambda line: None, env={}
+    )
+
+    (run,) = result["runs"]
+    assert (run["state"], run["changed"]) == ("failed", True)
+    assert run["actions"] == [
+        "stopped before its modules were recorded: nothing built or published; ended failed"
+    ]
+    assert "modules" not in run
+    assert journals.find(str(site.state_root), "run2").state is journals.RunState.FAILED
+    assert snapshot(site.software, site.modules) == trees
+
+
+def test_a_second_resume_of_a_failed_run_changes_nothing(site):
+    _publish(site, "first")
+    request = _request(site, "run2")
+    journal = journals.Journal.create(
+        str(site.state_root / "runs"),
+        "run2",
+        kind=journals.RunKind.PUBLISH,
+        state=journals.RunState.FAILED,
+        trees=request.trees,
+        request=request,
+        backend="installpath",
+    )
+    before = snapshot(site.software, site.modules, site.state_root / "runs")
+
+    result = commands.resume_runs(str(site.state_root), None, lock_timeout=0.0, progress=None, env={})
+
+    assert result["changed"] is False
+    assert [(run["run_id"], run["state"], run["actions"]) for run in result["runs"]] == [
+        ("first", "published", []),
+        ("run2", "failed", []),
+    ]
+    assert journals.find(str(site.state_root), "run2").state is journal.state is journals.RunState.FAILED
+    assert snapshot(site.software, site.modules, site.state_root / "runs") == before
+
+
 def test_status_reads_a_state_root_without_writing_to_it(site):
     _publish(site)
     os.rmdir(site.state_root / "retired")
