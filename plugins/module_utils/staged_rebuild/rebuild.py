@@ -118,14 +118,16 @@ def end_failed(journal: Journal, generation: str, err: BaseException) -> None:
     # A read-only or full disk may keep some of it: gc removes a finished run's generation.
     with contextlib.suppress(OSError):
         operations.discard_stage(journal, generation)
+    on_disk = journal.state
     journal.run.refused = True
     try:
         journal.set_state(RunState.FAILED)
     except OSError as journal_err:
+        journal.run.state = on_disk  # what the journal on disk still says
         cause = err.strerror if isinstance(err, OSError) and err.strerror else errors.marked(err)
         raise errors.JournalError(
             f"run {journal.run_id} failed ({cause}) and its journal {journal.path} could not be marked "
-            f"failed: {journal_err.strerror}; it stays {journal.state.value} "
+            f"failed: {journal_err.strerror}; it stays {on_disk.value} "
             "('eb-staged-rebuild resume' finishes it once the disk is writable)"
         ) from None
 
