@@ -503,6 +503,19 @@ def case_resume_unknown_run_id(bench):
     return Attempt(["resume", "nope"], ("no run nope",))
 
 
+@case("resume-empty-run-id")
+def case_resume_empty_run_id(bench):
+    # '' is no run id: it must not be read as "every run".
+    bench.history()
+    return Attempt(["resume", ""], ("run id '' is not a plain name",))
+
+
+@case("status-empty-run-id")
+def case_status_empty_run_id(bench):
+    bench.history()
+    return Attempt(["status", ""], ("run id '' is not a plain name",))
+
+
 @case("rollback-run-id-leaving-the-runs-dir")
 def case_rollback_run_id_leaving_the_runs_dir(bench):
     bench.history()
