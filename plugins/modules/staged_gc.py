@@ -106,7 +106,7 @@ interrupted:
 incomplete:
   description:
     - Run directories without a journal (left by a crash or a full disk while an earlier
-      release created the run): never loaded and never removed by gc. Each also becomes a
+      release created the run); gc never loads them and never removes them. Each also becomes a
       warning; remove them by hand.
   returned: success
   type: list

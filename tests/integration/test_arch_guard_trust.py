@@ -235,7 +235,7 @@ def test_work_directory_attack_by_another_user_in_an_open_tmpdir_gives_the_job_n
         while not (user_tmp_path / "attacker.out.ready").exists() and time.monotonic() < give_up:
             time.sleep(0.02)
         assert attacker.poll() is None, "the attacker did not start"
-        runs = [step.run(env) for _ in range(ATTACK_TRIES)]
+        runs = [step.run(env) for _try in range(ATTACK_TRIES)]
     finally:
         attacker.send_signal(signal.SIGTERM)
         attacker.wait(timeout=30)

@@ -373,7 +373,7 @@ def test_publish_temporary_names_differ_each_time(step_cache, monkeypatch):
         return real_open(path, *args)
 
     monkeypatch.setattr(cache.posix, "open", recording_open)
-    for _ in range(3):
+    for _publish in range(3):
         step_cache.publish(RELOADED)
     assert len(set(seen)) == 3
     prefix = step_cache.path + "."
