@@ -69,8 +69,9 @@ options:
   tmpdir:
     description:
       - The C(TMPDIR) jobs get on this node. It is in archdetect's environment, and RV(cache_dir)
-        follows from it by the guard's rule (C(TMPDIR) when it is an absolute path to a directory,
-        else C(/tmp)).
+        follows from it by the guard's rule (C(TMPDIR) when it is an absolute path to a trusted
+        directory, one owned by root or the running user and not writable by group or others unless
+        sticky; else C(/tmp) when that is trusted).
       - When not given, jobs are taken to have no C(TMPDIR), so RV(cache_dir) is C(/tmp).
     type: path
   job_env:
@@ -278,7 +279,10 @@ tmpdir:
   returned: success
   type: str
 cache_dir:
-  description: The directory the guard would put its step cache and the restore helper's work directories in.
+  description:
+    - The directory the guard would put its step cache and the restore helper's work directories in.
+    - Null when neither the job's C(TMPDIR) nor C(/tmp) is trusted (then the guard keeps no cache
+      and a reload ends C(restore-failed)).
   returned: success
   type: str
   sample: /tmp

@@ -103,6 +103,18 @@ interrupted:
     - run_id: 20261201T053043Z-89e721
       state: publishing
       why: "interrupted: 'eb-staged-rebuild resume'"
+incomplete:
+  description:
+    - Run directories without a journal (left by a crash or a full disk while an earlier
+      release created the run); gc never loads them and never removes them. Each also becomes a
+      warning; remove them by hand.
+  returned: success
+  type: list
+  elements: dict
+  sample:
+    - path: /var/lib/eb-staged-rebuild/runs/20261201T053043Z-89e721
+      run_id: 20261201T053043Z-89e721
+      why: "a run directory without a journal (...); remove it by hand"
 grace_hours:
   description: The grace period, in hours, that this run applied.
   returned: success
@@ -145,6 +157,8 @@ def main():
         module.fail_json(**failure)
     for run in result["interrupted"]:
         module.warn(f"run {run['run_id']} ({run['state']}) is {run['why']}")
+    for run in result["incomplete"]:
+        module.warn(f"{run['path']}: {run['why']}")
     module.exit_json(**result)
 
 

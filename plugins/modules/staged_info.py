@@ -85,6 +85,14 @@ runs:
   type: list
   elements: dict
   sample: [{"run_id": "20261201T053043Z-89e721", "kind": "publish", "schema": 2, "state": "published"}]
+incomplete:
+  description:
+    - Run directories without a journal (left by a crash or a full disk while an earlier release
+      created the run), each with C(path), C(run_id) and C(why); they are skipped, not loaded.
+  returned: when O(run_id) is not given
+  type: list
+  elements: dict
+  sample: [{"path": "/state/runs/20261201T053043Z-89e721", "run_id": "20261201T053043Z-89e721", "why": "..."}]
 run:
   description: The run O(run_id) in detail, as in RV(runs), with its C(steps) and the path of its C(journal).
   returned: when O(run_id) is given

@@ -88,6 +88,7 @@ options:
   run_id:
     description:
       - The name of the run (a plain name); by default one made of the time and a random suffix.
+      - An empty string is refused (it is not a plain name), not replaced by a generated one.
     type: str
   skip_live_check:
     description:

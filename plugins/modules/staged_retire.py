@@ -22,6 +22,9 @@ description:
     (C(local root = "...")), a symbolic link anywhere in the path, anything but a regular file, a
     blank O(reason), and a state root on another filesystem than the module file (the rename there
     would not be atomic).
+  - Also refused is a module file outside an EasyBuild module tree
+    (C(<installpath>/modules/all/<Name>/<file>)) or whose root is not under that tree's software
+    root C(<installpath>/software) (a root such as C(/etc)).
 author:
   - hpcstack.ops maintainers (@hpcstack)
 extends_documentation_fragment:

@@ -358,7 +358,14 @@ def case_rebuild_ledger_config_not_an_object(bench):
     return Attempt(bench.rebuild(APP, extra=("--ledger-config", str(config))), ('"path"', str(config)))
 
 
-RUN_IDS = {"slash": "a/b", "dot-dot": "..", "hidden": ".run", "space": "my run", "too-long": "r" * 129}
+RUN_IDS = {
+    "empty": "",
+    "slash": "a/b",
+    "dot-dot": "..",
+    "hidden": ".run",
+    "space": "my run",
+    "too-long": "r" * 129,
+}
 for _label, _value in RUN_IDS.items():
 
     def _run_id(bench, value=_value):
@@ -496,6 +503,19 @@ def case_resume_unknown_run_id(bench):
     return Attempt(["resume", "nope"], ("no run nope",))
 
 
+@case("resume-empty-run-id")
+def case_resume_empty_run_id(bench):
+    # '' is no run id: it must not be read as "every run".
+    bench.history()
+    return Attempt(["resume", ""], ("run id '' is not a plain name",))
+
+
+@case("status-empty-run-id")
+def case_status_empty_run_id(bench):
+    bench.history()
+    return Attempt(["status", ""], ("run id '' is not a plain name",))
+
+
 @case("rollback-run-id-leaving-the-runs-dir")
 def case_rollback_run_id_leaving_the_runs_dir(bench):
     bench.history()
@@ -631,6 +651,36 @@ def case_retire_without_root_assignment(bench):
     module_file.write_text('help([[no root here]])\nprepend_path("PATH", "/opt/tinylib/bin")\n')
     return Attempt(
         ["retire", str(module_file), "--reason", "moved"], ("no root assignment", str(module_file))
+    )
+
+
+@case("retire-a-module-file-rooted-outside-the-software-root")
+def case_retire_a_module_file_rooted_outside_the_software_root(bench):
+    # Accepted once, gc then listed /etc as "delete it by hand when sure" (issue 18, defect 11).
+    bench.history()
+    module_file = bench.site.module_file(LIB)
+    module_file.write_text('local root = "/etc"\nprepend_path("PATH", pathJoin(root, "bin"))\n')
+    return Attempt(
+        ["retire", str(module_file), "--reason", "moved"],
+        ("root /etc", "not under the software root", str(bench.site.software)),
+    )
+
+
+@case("retire-a-module-file-rooted-at-the-software-root-itself")
+def case_retire_a_module_file_rooted_at_the_software_root_itself(bench):
+    bench.history()
+    module_file = bench.site.module_file(LIB)
+    module_file.write_text(f'local root = "{bench.site.software}/TinyLib/.."\n')
+    return Attempt(["retire", str(module_file), "--reason", "moved"], ("not under the software root",))
+
+
+@case("retire-a-module-file-outside-a-module-tree")
+def case_retire_a_module_file_outside_a_module_tree(bench):
+    bench.history()
+    module_file = bench.elsewhere("loose") / "1.0.lua"
+    module_file.write_text(f'local root = "{bench.site.live(LIB)}"\n')
+    return Attempt(
+        ["retire", str(module_file), "--reason", "moved"], ("not in a module tree", str(module_file))
     )
 
 

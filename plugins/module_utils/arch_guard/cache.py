@@ -49,6 +49,9 @@ _OPEN_FLAGS = posix.O_NOFOLLOW | posix.O_CLOEXEC | posix.O_NONBLOCK
 # Shorter pauses than the state lock's: a waiting task starts late by at most the cap.
 _FIRST_PAUSE = 0.001
 _LONGEST_PAUSE = 0.02
+# Random temporary names tried before a publish gives up: 64 random bits each, so only a
+# directory that refuses new files (or a bug) exhausts them.
+PUBLISH_TRIES = 5
 
 
 class Untrusted(Exception):
@@ -84,16 +87,20 @@ def digest(env) -> str:
 
 
 def path_for(env, mode: str):
-    """The cache file of this task's step, node and mode, or None outside a Slurm job."""
+    """The cache file of this task's step, node and mode; None outside a Slurm job, and None
+    when neither TMPDIR nor /tmp is a trusted directory (``settings.distrust``)."""
     job = env.get("SLURM_JOB_ID")
     if not job:
+        return None
+    scratch = scratch_dir(env)
+    if scratch is None:
         return None
     node = env.get("SLURMD_NODENAME") or posix.uname().nodename
     step = env.get("SLURM_STEP_ID") or "batch"
     name = ".".join(
         (PREFIX, str(posix.getuid()), component(node), component(job), component(step), mode, digest(env))
     )
-    return f"{scratch_dir(env)}/{name}"
+    return f"{scratch}/{name}"
 
 
 def _check_ours(fd: int, what: str) -> None:
@@ -165,22 +172,39 @@ class StepCache:
         return decode(data, self.path)
 
     def publish(self, decision: Decision) -> None:
-        """Write ``decision`` beside the cache file and rename it into place."""
-        temporary = f"{self.path}.{posix.getpid()}.new"
-        fd = posix.open(temporary, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | _OPEN_FLAGS, 0o600)
-        try:
-            # The umask may have taken bits away; readers insist on exactly 0600.
-            posix.fchmod(fd, 0o600)
-            data = encode(decision)
-            while data:
-                data = data[posix.write(fd, data) :]
-        finally:
+        """Write ``decision`` beside the cache file and rename it into place.
+
+        The temporary name is random (``<cache>.<16 hex digits>.new``): a predictable one lets
+        anyone who can write to the directory plant a name at it and make every publish of a
+        step fail, and each task then computes on its own under the step's lock. A name taken
+        already (EEXIST: a file or a planted link, never followed) is retried under another,
+        ``PUBLISH_TRIES`` times in all; then FileExistsError.
+        """
+        data = encode(decision)
+        for _try in range(PUBLISH_TRIES):
+            temporary = f"{self.path}.{posix.urandom(8).hex()}.new"
+            try:
+                fd = posix.open(temporary, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | _OPEN_FLAGS, 0o600)
+            except FileExistsError:
+                continue
+            try:
+                # The umask may have taken bits away; readers insist on exactly 0600.
+                posix.fchmod(fd, 0o600)
+                left = data
+                while left:
+                    left = left[posix.write(fd, left) :]
+            except BaseException:
+                posix.close(fd)
+                posix.unlink(temporary)
+                raise
             posix.close(fd)
-        try:
-            posix.rename(temporary, self.path)
-        except OSError:
-            posix.unlink(temporary)
-            raise
+            try:
+                posix.rename(temporary, self.path)
+            except OSError:
+                posix.unlink(temporary)
+                raise
+            return
+        raise FileExistsError(f"no free temporary name beside {self.path} in {PUBLISH_TRIES} tries")
 
 
 def _flock_until(fd: int, deadline: Deadline) -> bool:

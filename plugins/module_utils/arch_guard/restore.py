@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
 
 from ..common import proc
-from ..common.deadline import Deadline, SigtermHeld
+from ..common.deadline import Deadline, DeadlineExceeded, SigtermHeld
 from . import archdetect, envdelta, settings
 
 # $1: the env program, $2...: the modules, in load order. The work directory is the cwd.
@@ -86,7 +87,13 @@ fi
 : > complete
 """
 
-_FALLBACK_ROOT = "/tmp"  # noqa: S108 (where slurmstepd falls back to, too)
+_WORK_DIR_REMEDY = (
+    "set TMPDIR to a directory of the job's user (mode 0700), or make /tmp root's with mode 1777"
+)
+
+_REPORT_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# An environment twice over is far below this; a report that is larger is not the helper's.
+REPORT_MAX_BYTES = 16 * 1024 * 1024
 
 # Where the helper's `env` is looked for: the system's, not one a module put on PATH.
 _ENV_TOOL_PATH = "/usr/bin:/bin"
@@ -133,61 +140,130 @@ def reload_modules(env, modules, deadline: Deadline) -> Report:
         raise RestoreFailed(f"no env program in {_ENV_TOOL_PATH}")
     argv = [archdetect.bash_path(env), "--noprofile", "--norc", "-c", HELPER_SCRIPT, "restore", env_tool]
     work = None
+    work_fd = None
     try:
         # Held so that a SIGTERM cannot fall between creating the directory and knowing it.
         with SigtermHeld():
             work = _make_work_dir(env)
+            work_fd = _open_work_dir(work)
         try:
             result = proc.run_child(
                 argv + list(modules), env=envdelta.reload_environment(env), deadline=deadline, cwd=work
             )
         except OSError as err:
             raise RestoreFailed(f"cannot start the restore helper: {err.strerror}") from None
-        return _read_report(work, result)
+        return _read_report(work_fd, result, deadline)
     finally:
+        if work_fd is not None:
+            os.close(work_fd)
         if work is not None:
             with SigtermHeld():
                 shutil.rmtree(work, ignore_errors=True)
 
 
 def _make_work_dir(env) -> str:
-    """A new directory under TMPDIR, or under /tmp when TMPDIR refuses it.
+    """A new directory under TMPDIR, or under /tmp when TMPDIR refuses it or is not trusted.
 
     slurmstepd, too, falls back to /tmp when the job's TMPDIR is not writable; a task
-    should not lose its repair to that.
+    should not lose its repair to that. Only a trusted directory (``settings.distrust``) is
+    used: in one that others can write to without the sticky bit, they could rename the
+    work directory away and plant their own, with their own report in it.
     """
-    roots = [settings.scratch_dir(env)]
-    if roots[0] != _FALLBACK_ROOT:
-        roots.append(_FALLBACK_ROOT)
-    for root in roots:
+    refusals = []
+    for root in settings.scratch_candidates(env):
+        reason = settings.distrust(root)
+        if reason is not None:
+            refusals.append(f"{reason}, not trusted")
+            continue
         try:
             return tempfile.mkdtemp(prefix=".eessi-arch-guard-restore.", dir=root)
         except OSError as err:
-            refusal = f"cannot create the helper's work directory in {root}: {err.strerror}"
-    raise RestoreFailed(refusal)
+            refusals.append(f"cannot create the helper's work directory in {root}: {err.strerror}")
+    raise RestoreFailed(
+        f"no place for the restore helper's work directory: {'; '.join(refusals)}; {_WORK_DIR_REMEDY}"
+    )
 
 
-def _read_report(work: str, result: proc.ChildResult) -> Report:
+def _open_work_dir(work: str) -> int:
+    """The work directory just made, as a descriptor: the report is read through it, so a
+    directory renamed away and replaced by another after ``mkdtemp`` is never read."""
+    try:
+        fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        raise RestoreFailed(f"cannot open the helper's work directory {work}: {err.strerror}") from None
+    info = os.fstat(fd)
+    if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) != 0o700:
+        os.close(fd)
+        raise RestoreFailed(f"the helper's work directory {work} is not this user's with mode 0700")
+    return fd
+
+
+def _read_report(work_fd: int, result: proc.ChildResult, deadline: Deadline) -> Report:
     said = proc.summary(result.stderr)
-    failed = os.path.join(work, "failed-module")
-    if os.path.exists(failed):
-        with open(failed, "rb") as handle:
-            module = os.fsdecode(handle.read())
+    failed = _read_file(work_fd, "failed-module", deadline)
+    if failed is not None:
+        module = os.fsdecode(failed)
         raise ModuleLoadFailed(module, f"module {module} failed to load: {said or 'Lmod said nothing'}")
-    if result.returncode != 0 or not os.path.exists(os.path.join(work, "complete")):
+    if result.returncode != 0 or _read_file(work_fd, "complete", deadline) is None:
         raise RestoreFailed(f"the restore helper exited {result.returncode}: {said or 'no message'}")
-    return Report(_read_env(os.path.join(work, "before.env")), _read_env(os.path.join(work, "after.env")))
+    return Report(_read_env(work_fd, "before.env", deadline), _read_env(work_fd, "after.env", deadline))
 
 
-def _read_env(path: str) -> dict:
-    with open(path, "rb") as handle:
-        records = handle.read().split(b"\0")
+def _read_file(work_fd: int, name: str, deadline: Deadline):
+    """The bytes of the report file ``name``, or None when there is none.
+
+    Read with the step cache's trust rules: opened without following a link and without
+    waiting for a writer (``O_NOFOLLOW | O_NONBLOCK``: a FIFO opens at once), and read only
+    when ``fstat`` shows a regular file of the running uid with one link; anything else is
+    RestoreFailed. Reading shares the decision's deadline (DeadlineExceeded).
+    """
+    if deadline.expired():
+        raise DeadlineExceeded(f"the restore helper's report {name} not read after {deadline.seconds:g} s")
+    try:
+        fd = os.open(name, _REPORT_OPEN_FLAGS, dir_fd=work_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        # ELOOP: a symlink stands there, and O_NOFOLLOW refused it.
+        raise RestoreFailed(f"the restore helper's report {name} cannot be opened: {err.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise RestoreFailed(f"the restore helper's report {name} is not a regular file")
+        if info.st_uid != os.getuid():
+            raise RestoreFailed(f"the restore helper's report {name} belongs to uid {info.st_uid}")
+        if info.st_nlink != 1:
+            raise RestoreFailed(f"the restore helper's report {name} has {info.st_nlink} links")
+        chunks = []
+        size = 0
+        while True:
+            if deadline.expired():
+                raise DeadlineExceeded(
+                    f"the restore helper's report {name} not read after {deadline.seconds:g} s"
+                )
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > REPORT_MAX_BYTES:
+                raise RestoreFailed(f"the restore helper's report {name} is over {REPORT_MAX_BYTES} bytes")
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def _read_env(work_fd: int, name: str, deadline: Deadline) -> dict:
+    data = _read_file(work_fd, name, deadline)
+    if data is None:
+        raise RestoreFailed(f"the restore helper left no report {name}")
+    records = data.split(b"\0")
     if records[-1] != b"":
-        raise RestoreFailed(f"the restore helper's report {os.path.basename(path)} is truncated")
+        raise RestoreFailed(f"the restore helper's report {name} is truncated")
     env = {}
     for record in records[:-1]:
-        name, sep, value = record.partition(b"=")
-        if not sep or not name:
+        name_part, sep, value = record.partition(b"=")
+        if not sep or not name_part:
             raise RestoreFailed(f"the restore helper's report has a record without a name: {record[:40]!r}")
-        env[os.fsdecode(name)] = os.fsdecode(value)
+        env[os.fsdecode(name_part)] = os.fsdecode(value)
     return env

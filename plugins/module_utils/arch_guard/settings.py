@@ -7,8 +7,10 @@ Read by every task, so it imports nothing the cached-decision path does not need
 
 from __future__ import annotations
 
+import _stat
+import posix
+
 from .decision import skip
-from .lean_os import isdir
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
 # A TaskProlog that runs for a day is a hung node, and larger values overflow the kernel's
@@ -52,7 +54,52 @@ def early_skip(env):
     return None
 
 
-def scratch_dir(env) -> str:
-    """``TMPDIR`` when it is an absolute path to a directory, else /tmp."""
+FALLBACK_SCRATCH = "/tmp"  # noqa: S108 (where slurmstepd falls back to, too)
+_SHARED_WRITE = _stat.S_IWGRP | _stat.S_IWOTH
+
+
+def distrust(path: str):
+    """Why the directory ``path`` is not one to create files in or believe files from, or None.
+
+    Trusted: a directory itself (lstat, no link followed), owned by root or the running uid,
+    and not writable by group or others unless the sticky bit is set (then nobody else can
+    rename or remove what the guard made there).
+    """
+    try:
+        info = posix.lstat(path)
+    except (OSError, ValueError) as err:
+        return f"{path} cannot be looked at: {getattr(err, 'strerror', None) or err}"
+    if _stat.S_ISLNK(info.st_mode):
+        return f"{path} is a symlink"
+    if not _stat.S_ISDIR(info.st_mode):
+        return f"{path} is not a directory"
+    if info.st_uid not in (0, posix.getuid()):
+        return f"{path} belongs to uid {info.st_uid}"
+    if info.st_mode & _SHARED_WRITE and not info.st_mode & _stat.S_ISVTX:
+        mode = _stat.S_IMODE(info.st_mode)
+        return f"{path} is writable by group or others without the sticky bit (mode {mode:04o})"
+    return None
+
+
+def trusted_dir(path: str) -> bool:
+    return distrust(path) is None
+
+
+def scratch_candidates(env) -> list:
+    """Where the guard may look: ``TMPDIR`` when it is an absolute path, then /tmp."""
     tmpdir = env.get("TMPDIR", "")
-    return tmpdir if tmpdir.startswith("/") and isdir(tmpdir) else "/tmp"  # noqa: S108
+    candidates = [tmpdir] if tmpdir.startswith("/") and tmpdir != FALLBACK_SCRATCH else []
+    candidates.append(FALLBACK_SCRATCH)
+    return candidates
+
+
+def scratch_dirs(env) -> list:
+    """The trusted ones of ``scratch_candidates``, in order (empty when neither is)."""
+    return [path for path in scratch_candidates(env) if distrust(path) is None]
+
+
+def scratch_dir(env):
+    """``TMPDIR`` when it is an absolute path to a trusted directory, else /tmp when that is
+    trusted, else None (then no step cache, and no work directory for the restore helper)."""
+    trusted = scratch_dirs(env)
+    return trusted[0] if trusted else None

@@ -187,7 +187,8 @@ def _text(result):
 
 
 def _exit_code(result):
-    return errors.EXIT_WARNINGS if result.get("warnings") or result.get("interrupted") else errors.EXIT_OK
+    warned = result.get("warnings") or result.get("interrupted") or result.get("incomplete")
+    return errors.EXIT_WARNINGS if warned else errors.EXIT_OK
 
 
 def main(argv=None):

@@ -103,20 +103,21 @@ def run_rebuild(request, state_root, progress, env, dry_run=False) -> dict:
 
 
 def _runs(state_root, run_id):
-    return [journals.find(state_root, run_id)] if run_id else journals.run_journals(state_root)
+    # None: every run. An empty run id is refused (find checks it), not read as "every run".
+    return [journals.find(state_root, run_id)] if run_id is not None else journals.run_journals(state_root)
 
 
 def resume_runs(state_root, run_id, *, lock_timeout, progress, env, dry_run=False) -> dict:
     """Finish or reverse interrupted runs (one, or all); with ``dry_run`` only which would be."""
     state_root = existing_state_root(state_root)
-    if run_id:
+    if run_id is not None:
         paths.check_run_id(run_id)  # before the lock: a refused request writes nothing
     if dry_run:
         runs = _runs(state_root, run_id)
         pending = [journal.run_id for journal in runs if journal.state in journals.INTERRUPTED]
         return {"changed": False, "dry_run": True, "would_change": bool(pending), "interrupted": pending}
     # Read first: a journal that does not load refuses before the lock file is written.
-    if run_id:
+    if run_id is not None:
         journals.find(state_root, run_id)
     else:
         journals.check_all(state_root)
@@ -216,9 +217,12 @@ def collect_garbage(state_root, grace_hours, lock_timeout, dry_run=False) -> dic
 def show_status(state_root, run_id=None) -> dict:
     """The runs of a state root, or one run in detail; reads only."""
     state_root = existing_state_root(state_root)
-    if run_id:
+    if run_id is not None:
         return {"run": journals.summary(journals.find(state_root, run_id), detail=True)}
-    return {"runs": [journals.summary(journal) for journal in journals.run_journals(state_root)]}
+    return {
+        "runs": [journals.summary(journal) for journal in journals.run_journals(state_root)],
+        "incomplete": journals.incomplete(state_root),
+    }
 
 
 def probe_host(path, eb, contention=None) -> dict:

@@ -114,7 +114,15 @@ def gc(state_root, grace_hours=settings.DEFAULT_GRACE_HOURS, dry_run=False, now=
     now = now or datetime.datetime.now(datetime.timezone.utc)
     grace = datetime.timedelta(hours=grace_hours)
     runs = journals.run_journals(state_root)
-    report: Dict[str, Any] = {"removed": [], "kept": [], "manual": [], "interrupted": []}
+    report: Dict[str, Any] = {
+        "removed": [],
+        "kept": [],
+        "manual": [],
+        "interrupted": [],
+        # Run directories without a journal: never loaded, never removed by gc (nothing in
+        # them was published); the administrator removes them.
+        "incomplete": journals.incomplete(state_root),
+    }
     for journal in runs:
         if journal.state in journals.INTERRUPTED:
             command = "rollback " + journal.run_id if journal.run.kind is RunKind.RETIRE else "resume"

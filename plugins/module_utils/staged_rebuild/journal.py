@@ -48,10 +48,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import errno
 import json
 import os
+import shutil
 import signal
 import stat
+import tempfile
 from typing import Any, ContextManager, Dict, Iterator, List, Optional
 
 from ..common import errors
@@ -69,6 +72,8 @@ _REFUSED_SCHEMAS = {
     3: "schema 3 is a generation-pointer journal with a ledger",
 }
 JOURNAL = "journal.json"
+# The hidden name a run directory has while its first journal is written (``Journal.create``).
+CREATING = ".creating-"
 CRASH_HOOK = "EB_STAGED_REBUILD_CRASH_AT"
 # A journal nests four levels (run, modules, entry, class links); anything far deeper is
 # not one, and is refused before the typed load walks it.
@@ -416,15 +421,18 @@ class Journal:
 
     @classmethod
     def create(cls, runs_dir: str, run_id: str, kind: RunKind, state: RunState, **fields: Any) -> Journal:
-        """Create ``runs_dir/run_id/`` and its first journal; refuse an existing run id."""
+        """Create ``runs_dir/run_id/`` together with its first journal; refuse an existing run id.
+
+        The directory is made under a hidden, unpredictable name (``.creating-<random>``, mode
+        0700), the journal written and fsynced in it, and only then renamed to the run id and
+        ``runs_dir`` fsynced: a crash or a full disk leaves no run directory without a journal,
+        only a hidden leftover that ``run_journals`` skips. ``os.rename`` onto a non-empty
+        directory fails (ENOTEMPTY/EEXIST); onto an empty one it would succeed, so an existing
+        name is refused before, under the lock every creator holds.
+        """
         run_dir = os.path.join(runs_dir, run_id)
-        try:
-            os.mkdir(run_dir, 0o700)
-        except FileExistsError:
-            raise errors.UsageError(
-                f"run {run_id} exists already ({run_dir}); pick another {setting('run_id')}"
-            ) from None
-        fsutil.fsync_dir(runs_dir)
+        if os.path.lexists(run_dir):
+            raise _exists_already(run_id, run_dir)
         stamp = now()
         request = fields.get("request")
         schema = SCHEMA_SWAP_LEDGER if request is not None and request.ledger_config else SCHEMA_SWAP
@@ -440,8 +448,27 @@ class Journal:
             steps=[],
             **fields,
         )
-        journal = cls(os.path.join(run_dir, JOURNAL), run)
-        journal.save()
+        temp = tempfile.mkdtemp(prefix=CREATING, dir=runs_dir)  # mode 0700, an unpredictable name
+        try:
+            journal = cls(os.path.join(temp, JOURNAL), run)
+            try:
+                journal.save()
+            except OSError as err:
+                raise errors.JournalError(
+                    f"cannot write the first journal of run {run_id} in {runs_dir}: {err.strerror}; "
+                    "no run was created"
+                ) from None
+            try:
+                os.rename(temp, run_dir)
+            except OSError as err:
+                if err.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise _exists_already(run_id, run_dir) from None
+                raise
+        except BaseException:
+            shutil.rmtree(temp, ignore_errors=True)
+            raise
+        journal.path = os.path.join(run_dir, JOURNAL)
+        fsutil.fsync_dir(runs_dir)
         return journal
 
     @classmethod
@@ -531,34 +558,71 @@ def _in_runs_dir(path: str) -> bool:
     return os.path.basename(os.path.dirname(os.path.dirname(path))) == "runs"
 
 
-def run_journals(state_root: str, being_created_ok: bool = False) -> List[Journal]:
-    """Every journal under ``state_root/runs``, oldest run first; one bad journal stops it.
+def _exists_already(run_id: str, run_dir: str) -> errors.UsageError:
+    return errors.UsageError(f"run {run_id} exists already ({run_dir}); pick another {setting('run_id')}")
 
-    A partial list would hide the broken run, so an unreadable journal raises. Without the
-    lock (``being_created_ok``), a run directory without its journal yet is one that the
-    lock's holder is creating, and is left out.
+
+def _run_dirs(state_root: str) -> List[str]:
+    """The run directories under ``state_root/runs``: real directories with a plain name.
+
+    Hidden entries are left out: ``.creating-*`` is a run being created (or what a crash
+    left of one, which never became a run).
     """
     runs_dir = os.path.join(state_root, "runs")
     try:
         names = sorted(os.listdir(runs_dir))
     except FileNotFoundError:
         return []
-    journals = []
+    found = []
     for name in names:
         run_dir = os.path.join(runs_dir, name)
-        if not os.path.isdir(run_dir) or os.path.islink(run_dir):
+        if name.startswith(".") or not os.path.isdir(run_dir) or os.path.islink(run_dir):
             continue
-        if being_created_ok and not os.path.lexists(os.path.join(run_dir, JOURNAL)):
-            continue
-        journals.append(Journal.load(os.path.join(run_dir, JOURNAL)))
+        found.append(run_dir)
+    return found
+
+
+_NO_JOURNAL = (
+    "a run directory without a journal (left by a crash or a full disk while an earlier release created it)"
+)
+
+
+def incomplete(state_root: str) -> List[Dict[str, str]]:
+    """Run directories without a journal, each with why: reported by status and gc, never loaded.
+
+    This release creates a run directory together with its journal (``Journal.create``); an
+    earlier one made the directory first, so a crash or ENOSPC between the two left it empty.
+    Nothing in it was ever published: remove it by hand.
+    """
+    return [
+        {"path": run_dir, "run_id": os.path.basename(run_dir), "why": _NO_JOURNAL + "; remove it by hand"}
+        for run_dir in _run_dirs(state_root)
+        if not os.path.lexists(os.path.join(run_dir, JOURNAL))
+    ]
+
+
+def run_journals(state_root: str) -> List[Journal]:
+    """Every journal under ``state_root/runs``, oldest run first; one bad journal stops it.
+
+    A partial list would hide the broken run, so a journal that does not load raises. Two
+    things are skipped, not loaded: hidden entries (a run being created) and a run directory
+    without a journal (``incomplete`` reports those).
+    """
+    journals = [
+        Journal.load(os.path.join(run_dir, JOURNAL))
+        for run_dir in _run_dirs(state_root)
+        if os.path.lexists(os.path.join(run_dir, JOURNAL))
+    ]
     journals.sort(key=lambda journal: (journal.run.created, journal.run_id))
     return journals
 
 
 def check_all(state_root: str) -> None:
     """Load every journal, without the lock: one that does not load refuses the command
-    before it writes the lock file (the command reads them again under the lock)."""
-    run_journals(state_root, being_created_ok=True)
+    before it writes the lock file (the command reads them again under the lock). A run
+    that the lock's holder is creating is hidden until its journal is in it, so it is skipped
+    like any hidden entry."""
+    run_journals(state_root)
 
 
 def find(state_root: str, run_id: str) -> Journal:
@@ -567,6 +631,8 @@ def find(state_root: str, run_id: str) -> Journal:
     path = os.path.join(state_root, "runs", run_id, JOURNAL)
     if not os.path.lexists(os.path.dirname(path)):
         raise errors.UsageError("no run {} under {}".format(run_id, os.path.join(state_root, "runs")))
+    if os.path.isdir(os.path.dirname(path)) and not os.path.lexists(path):
+        raise errors.JournalError(f"run {run_id}: {_NO_JOURNAL}; remove {os.path.dirname(path)} by hand")
     return Journal.load(path)
 
 

@@ -11,6 +11,7 @@ other run on this state root.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
@@ -95,11 +96,40 @@ def rebuild(
         )
         if faults is not None:
             journal.faults = faults
-        journal.run.modules = [ModuleEntry.of(entry) for entry in request.module_paths(run_id)]
-        for entry in journal.modules:
-            planner.record_live(journal, entry, request.skip_live_check)
-        journal.save()
+        try:
+            journal.run.modules = [ModuleEntry.of(entry) for entry in request.module_paths(run_id)]
+            for entry in journal.modules:
+                planner.record_live(journal, entry, request.skip_live_check)
+            journal.save()
+        except BaseException as err:
+            end_failed(journal, request.trees.generation(run_id), err)
+            raise
         return build_and_publish(journal, progress, env)
+
+
+def end_failed(journal: Journal, generation: str, err: BaseException) -> None:
+    """A run that fails before it publishes ends ``failed`` (refused) with its stage discarded,
+    before ``err`` reaches the user: resume then leaves it alone, and the next rebuild runs.
+
+    The stage is discarded first, as far as the disk lets it (what stays goes with gc). When
+    even the journal cannot be written (ENOSPC, EROFS), a ``JournalError`` says so in one line,
+    naming ``err`` too, and the run stays as the disk has it (resume finds it interrupted).
+    """
+    # A read-only or full disk may keep some of it: gc removes a finished run's generation.
+    with contextlib.suppress(OSError):
+        operations.discard_stage(journal, generation)
+    on_disk = journal.state
+    journal.run.refused = True
+    try:
+        journal.set_state(RunState.FAILED)
+    except OSError as journal_err:
+        journal.run.state = on_disk  # what the journal on disk still says
+        cause = err.strerror if isinstance(err, OSError) and err.strerror else errors.marked(err)
+        raise errors.JournalError(
+            f"run {journal.run_id} failed ({cause}) and its journal {journal.path} could not be marked "
+            f"failed: {journal_err.strerror}; it stays {on_disk.value} "
+            "('eb-staged-rebuild resume' finishes it once the disk is writable)"
+        ) from None
 
 
 def _relocate(build: backends.Build, journal: Journal, allow_unrelocated: bool) -> List[str]:
@@ -130,13 +160,13 @@ def build_and_publish(journal: Journal, progress: Progress, env: Mapping[str, st
     trees = journal.trees
     build = _build(journal.run.backend or "installpath", request, journal.run_id)
     generation = build.generation
-    if os.path.lexists(generation):
-        operations.remove_tree(generation)  # a previous attempt's partial build
-    os.makedirs(generation, mode=0o755)
-    if build.backend == "installpath":
-        progress(backends.UNSANDBOXED)
     warnings: List[str] = []
     try:
+        if os.path.lexists(generation):
+            operations.remove_tree(generation)  # a previous attempt's partial build
+        os.makedirs(generation, mode=0o755)
+        if build.backend == "installpath":
+            progress(backends.UNSANDBOXED)
         with journal.step(StepKind.BUILD):
             setup = build.prepare()
             buildrun.run(
@@ -153,10 +183,8 @@ def build_and_publish(journal: Journal, progress: Progress, env: Mapping[str, st
             env, EB_STAGED_REBUILD_RUN_ID=journal.run_id, EB_STAGED_REBUILD_RUN_DIR=journal.run_dir
         )
         planner.plan(journal, trees, generation, prepare=request.prepare, env=plan_env)
-    except BaseException:
-        operations.discard_stage(journal, generation)
-        journal.run.refused = True
-        journal.set_state(RunState.FAILED)
+    except BaseException as err:
+        end_failed(journal, generation, err)
         raise
     try:
         publish.publish(journal, trees, request.ledger_settings())

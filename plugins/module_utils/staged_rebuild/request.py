@@ -136,7 +136,11 @@ def resolve(values: Mapping[str, Any], environ: Mapping[str, str], eb_args: List
             else f"{settings.BACKEND_VARIABLE}={given['backend']!r}"
         )
         raise errors.UsageError(f"{given_as} is not one of {', '.join(BACKENDS)}")
-    given["run_id"] = run_id = paths.check_run_id(given["run_id"] or new_run_id())
+    # Only an absent run id is generated: an empty one is a mistake (a variable that expanded to
+    # nothing), refused like any other run id that is not a plain name.
+    given["run_id"] = run_id = paths.check_run_id(
+        new_run_id() if given["run_id"] is None else given["run_id"]
+    )
     if given["ledger_config"]:
         given["ledger_config"] = os.path.abspath(given["ledger_config"])
     request = RebuildRequest(

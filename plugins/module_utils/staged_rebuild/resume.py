@@ -7,13 +7,16 @@ names back (the hold name says one was in flight); then the run returns to the o
 Whether a swap happened is read from the disk, not trusted to the journal: the live path
 names the staged inode exactly when it was swapped. Likewise a module file is restored
 exactly when it holds the new bytes. So resume is idempotent: a second run finds
-everything old and changes nothing. A run that was still ``building`` is built again by
-the caller (its request is in the journal).
+everything old and changes nothing. A run that was still ``building`` (a crash, not an
+error: a rebuild that fails ends its run ``failed``) is built again by the caller (its
+request is in the journal). A ``failed`` run is never built or published again.
 
 =================  ==========================================================
 state              what resume does
 =================  ==========================================================
-building           built again from the journal's request, then published
+building           built again from the journal's request, then published (a run
+                   stopped before its module list was saved ends ``failed``: nothing
+                   of it was built)
 planning           the old tree stays live; the stage is discarded
 publishing         every swapped module swapped back; the run ends ``failed``
 rolling_back       the same, back to the old tree; the run ends ``rolled_back``
@@ -91,6 +94,17 @@ def resume_run(journal: Journal, rebuild: Callable[[Journal], Dict[str, Any]]) -
     if journal.run.kind is RunKind.RETIRE:
         unchanged["actions"] = [f"retire record: 'eb-staged-rebuild rollback {journal.run_id}' resolves it"]
         return unchanged
+    if journal.state is RunState.BUILDING and not journal.modules:
+        # Stopped between the journal's creation and its module list: nothing was built or
+        # staged, and the live-change record was never taken, so nothing is built now either.
+        journal.run.resumed = now()
+        journal.set_state(RunState.FAILED)
+        return {
+            "run_id": journal.run_id,
+            "state": journal.state.value,
+            "changed": True,
+            "actions": ["stopped before its modules were recorded: nothing built or published; ended failed"],
+        }
     if journal.state is RunState.BUILDING:
         result = rebuild(journal)
         result["actions"] = ["built again and published"]

@@ -20,7 +20,7 @@ import stat
 
 from ..common import errors
 from ..common.errors import setting
-from . import fsutil, modulefile
+from . import fsutil, modulefile, paths
 from . import journal as journals
 from .journal import RunKind, RunState
 
@@ -48,9 +48,22 @@ def _device_of_nearest(path):
     return os.stat(path).st_dev
 
 
+def software_root_of(module_file):
+    """The software root that a module file's root must lie under: ``<installpath>/software``
+    for a module file at ``<installpath>/modules/all/<Name>/<file>``, as EasyBuild lays it out."""
+    module_dir = os.path.dirname(module_file)
+    all_dir = os.path.dirname(module_dir)
+    if os.path.basename(all_dir) != "all" or module_dir == all_dir:
+        raise errors.UsageError(
+            f"module file {module_file} is not in a module tree <installpath>/modules/all/<Name>/; "
+            "refusing to retire it"
+        )
+    return os.path.join(os.path.dirname(os.path.dirname(all_dir)), "software")
+
+
 def check(module_file, reason, state_root):
     """Refuse a bad retire request before anything is written; return the file's path,
-    bytes and the software directory of its root assignment."""
+    bytes and the software directory of its root assignment (under the software root)."""
     module_file = os.path.abspath(module_file)
     fsutil.refuse_symlink_components(module_file)
     try:
@@ -67,6 +80,13 @@ def check(module_file, reason, state_root):
         raise errors.UsageError(
             f"module file {module_file} assigns root {root!r}, not an absolute path; refusing to retire it"
         )
+    # Normalised as the journal holds it ("bin/.." is the directory it names).
+    software_root, normal_root = software_root_of(module_file), os.path.normpath(root)
+    if not paths.is_inside(normal_root, software_root) or normal_root == software_root:
+        raise errors.UsageError(
+            f"module file {module_file} assigns root {root}, which is not under the software root "
+            f"{software_root}; refusing to retire it"
+        )
     if not reason or not reason.strip():
         raise errors.UsageError(f"retire needs {setting('reason')} TEXT")
     if (
@@ -78,7 +98,7 @@ def check(module_file, reason, state_root):
             "a rename there would not be atomic"
         )
     # As gc compares it, and as the journal holds a path (without "..": records.AbsPath).
-    return module_file, data, os.path.normpath(root)
+    return module_file, data, normal_root
 
 
 RUN_PREFIX = "retire-"

@@ -439,6 +439,11 @@ REFUSALS = {
         "run id '../x' is not a plain name ([A-Za-z0-9._-], at most 128)",
         "usage",
     ),
+    "empty run id": (
+        lambda live, tmp_path: {"run_id": "", "rebuild": "always"},
+        "run id '' is not a plain name ([A-Za-z0-9._-], at most 128)",
+        "usage",
+    ),
     "bad backend": (
         lambda live, tmp_path: {"backend": "chroot"},
         "value of backend must be one of: auto, bwrap, userns, installpath, got: chroot",

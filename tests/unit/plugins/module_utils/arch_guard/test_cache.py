@@ -344,11 +344,69 @@ def test_publish_replaces_a_symlink_at_the_cache_path_without_writing_through_it
     assert step_cache.read() == RELOADED
 
 
-def test_publish_refuses_a_symlink_at_its_temporary_name(step_cache, other_users_file):
-    # The temporary name is predictable (the pid): O_EXCL refuses whatever stands there.
+def test_publish_is_not_stopped_by_a_symlink_at_the_old_predictable_temporary_name(
+    step_cache, other_users_file
+):
+    # Until the temporary name was random it was <cache>.<pid>.new: planted, it failed every publish.
     before = snapshot(other_users_file)
-    os.symlink(other_users_file, f"{step_cache.path}.{os.getpid()}.new")
-    with pytest.raises(FileExistsError):
+    planted = f"{step_cache.path}.{os.getpid()}.new"
+    os.symlink(other_users_file, planted)
+    step_cache.publish(RELOADED)
+    assert step_cache.read() == RELOADED
+    assert snapshot(other_users_file) == before
+    assert os.readlink(planted) == str(other_users_file)
+    assert sorted(os.listdir(os.path.dirname(step_cache.path))) == sorted(
+        [os.path.basename(step_cache.path), os.path.basename(planted), other_users_file.name]
+    )
+
+
+def test_publish_temporary_names_differ_each_time(step_cache, monkeypatch):
+    """Records the names publish opens: a random name leaves no trace once renamed.
+
+    ``posix.open`` is wrapped (not replaced) to see the names; the files are real.
+    """
+    seen = []
+    real_open = cache.posix.open
+
+    def recording_open(path, *args):
+        seen.append(path)
+        return real_open(path, *args)
+
+    monkeypatch.setattr(cache.posix, "open", recording_open)
+    for _publish in range(3):
+        step_cache.publish(RELOADED)
+    assert len(set(seen)) == 3
+    prefix = step_cache.path + "."
+    for name in seen:
+        assert name.startswith(prefix)
+        assert name.endswith(".new")
+        assert len(name[len(prefix) : -len(".new")]) == 16
+        int(name[len(prefix) : -len(".new")], 16)
+
+
+def test_publish_retries_under_a_new_name_when_the_name_is_taken(step_cache, other_users_file, monkeypatch):
+    """Random names cannot be planted by a test, so ``posix.urandom`` gives a known sequence
+    (the first two names taken by planted links, the third free); the files are real."""
+    values = iter([b"\x01" * 8, b"\x02" * 8, b"\x03" * 8])
+    monkeypatch.setattr(cache.posix, "urandom", lambda size: next(values))
+    before = snapshot(other_users_file)
+    for byte in ("01", "02"):
+        os.symlink(other_users_file, f"{step_cache.path}.{byte * 8}.new")
+    step_cache.publish(RELOADED)
+    assert step_cache.read() == RELOADED
+    assert snapshot(other_users_file) == before
+    assert not os.path.lexists(f"{step_cache.path}.{'03' * 8}.new")
+
+
+def test_publish_gives_up_after_its_tries_without_writing_through_a_link(
+    step_cache, other_users_file, monkeypatch
+):
+    """``posix.urandom`` always gives one value (random names cannot be planted), and a
+    link stands at that name: each try finds it taken."""
+    monkeypatch.setattr(cache.posix, "urandom", lambda size: b"\xab" * size)
+    before = snapshot(other_users_file)
+    os.symlink(other_users_file, f"{step_cache.path}.{'ab' * 8}.new")
+    with pytest.raises(FileExistsError, match=f"in {cache.PUBLISH_TRIES} tries"):
         step_cache.publish(RELOADED)
     assert snapshot(other_users_file) == before
     assert not os.path.lexists(step_cache.path)

@@ -122,7 +122,8 @@ def test_text_output_of_gc_names_each_list_and_the_change(site, capsys):
 
     assert code == 0
     assert capsys.readouterr().out == (
-        "removed:\nkept:\nmanual:\ninterrupted:\nchanged: False\ndry_run: False\ngrace_hours: 144.0\n"
+        "removed:\nkept:\nmanual:\ninterrupted:\nincomplete:\n"
+        "changed: False\ndry_run: False\ngrace_hours: 144.0\n"
     )
 
 

@@ -7,6 +7,7 @@ Builds use the test builder ``tests/builders/fake-eb`` (installpath backend), as
 
 from __future__ import annotations
 
+import errno
 import os
 
 import pytest
@@ -15,6 +16,7 @@ from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
 from ansible_collections.hpcstack.ops.plugins.module_utils.common.errors import setting
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import commands, uptodate
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import journal as journals
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import rebuild as rebuild_module
 from tests.support.staged import StagedSite, fake_eb_request, publish_in_process, snapshot
 
 APP = "TinyApp/1.0"
@@ -172,6 +174,61 @@ def test_resume_dry_run_lists_nothing_when_no_run_was_interrupted(site):
     assert (planned["would_change"], planned["interrupted"]) == (False, [])
 
 
+def test_resume_of_a_run_stopped_before_its_modules_were_recorded_ends_it_failed_and_builds_nothing(site):
+    """The journal as a crash right after ``Journal.create`` leaves it: ``building``, no
+    modules (the crash hook stops only at journaled steps, and this point has none)."""
+    _publish(site, "first")
+    request = _request(site, "run2")
+    journals.Journal.create(
+        str(site.state_root / "runs"),
+        "run2",
+        kind=journals.RunKind.PUBLISH,
+        state=journals.RunState.BUILDING,
+        trees=request.trees,
+        request=request,
+        backend="installpath",
+    )
+    trees = snapshot(site.software, site.modules)
+
+    result = commands.resume_runs(
+        str(site.state_root), "run2", lock_timeout=0.0, progress=lambda line: None, env={}
+    )
+
+    (run,) = result["runs"]
+    assert (run["state"], run["changed"]) == ("failed", True)
+    assert run["actions"] == [
+        "stopped before its modules were recorded: nothing built or published; ended failed"
+    ]
+    assert "modules" not in run
+    assert journals.find(str(site.state_root), "run2").state is journals.RunState.FAILED
+    assert snapshot(site.software, site.modules) == trees
+
+
+def test_a_second_resume_of_a_failed_run_changes_nothing(site):
+    _publish(site, "first")
+    request = _request(site, "run2")
+    journal = journals.Journal.create(
+        str(site.state_root / "runs"),
+        "run2",
+        kind=journals.RunKind.PUBLISH,
+        state=journals.RunState.FAILED,
+        trees=request.trees,
+        request=request,
+        backend="installpath",
+    )
+    before = snapshot(site.software, site.modules, site.state_root / "runs")
+
+    result = commands.resume_runs(str(site.state_root), None, lock_timeout=0.0, progress=None, env={})
+
+    assert result["changed"] is False
+    assert [(run["run_id"], run["state"], run["actions"]) for run in result["runs"]] == [
+        ("first", "published", []),
+        ("run2", "failed", []),
+    ]
+    assert journals.find(str(site.state_root), "run2").state is journal.state is journals.RunState.FAILED
+    assert snapshot(site.software, site.modules, site.state_root / "runs") == before
+
+
 def test_status_reads_a_state_root_without_writing_to_it(site):
     _publish(site)
     os.rmdir(site.state_root / "retired")
@@ -229,3 +286,51 @@ def test_gc_dry_run_writes_nothing_even_where_the_state_root_lacks_its_lock_and_
 
     assert (planned["would_change"], planned["removed"]) == (False, [])
     assert snapshot(tmp_path / "state") == before
+
+
+def _fail_at_live_record(monkeypatch, err):
+    def record_live(journal, entry, skip):
+        raise OSError(err, os.strerror(err), "live.json")
+
+    monkeypatch.setattr(rebuild_module.planner, "record_live", record_live)
+
+
+def test_a_rebuild_that_fails_at_the_live_change_record_ends_its_run_failed(site, monkeypatch):
+    """Injected ENOSPC (a real full disk: test_staged_lifecycle's tmpfs case)."""
+    _fail_at_live_record(monkeypatch, errno.ENOSPC)
+    trees = snapshot(site.software, site.modules)
+
+    with pytest.raises(OSError, match="No space left on device"):
+        commands.run_rebuild(_request(site), str(site.state_root), lambda line: None, {})
+
+    journal = journals.find(str(site.state_root), "run1")
+    assert (journal.state, journal.run.refused) == (journals.RunState.FAILED, True)
+    assert snapshot(site.software, site.modules) == trees
+
+
+def test_a_failed_rebuild_whose_journal_cannot_be_written_says_so_and_stays_as_the_disk_has_it(
+    site, monkeypatch
+):
+    """Injected EROFS at the journal's write after the failure: a state root that turned
+    read-only during the run (the first journal was written, the next write fails)."""
+    _fail_at_live_record(monkeypatch, errno.ENOSPC)
+    real_write = rebuild_module.journals.fsutil.atomic_write
+    writes = []
+
+    def read_only_after_the_first(path, data, *args, **kwargs):
+        writes.append(path)
+        if len(writes) > 1:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+        real_write(path, data, *args, **kwargs)
+
+    monkeypatch.setattr(rebuild_module.journals.fsutil, "atomic_write", read_only_after_the_first)
+
+    with pytest.raises(errors.JournalError) as raised:
+        commands.run_rebuild(_request(site), str(site.state_root), lambda line: None, {})
+
+    message = commands.failure_message(raised.value)
+    assert "\n" not in message
+    assert message.startswith("run run1 failed (No space left on device) and its journal ")
+    assert "could not be marked failed: Read-only file system; it stays building" in message
+    monkeypatch.undo()
+    assert journals.find(str(site.state_root), "run1").state is journals.RunState.BUILDING

@@ -410,6 +410,7 @@ def test_a_state_root_without_runs_reports_nothing(site):
         "kept": [],
         "manual": [],
         "interrupted": [],
+        "incomplete": [],
         "changed": False,
         "dry_run": False,
         "grace_hours": settings.DEFAULT_GRACE_HOURS,

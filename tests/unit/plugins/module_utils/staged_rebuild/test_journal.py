@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import copy
 import datetime
+import errno
 import json
 import os
 import re
 import signal
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -241,6 +243,74 @@ def test_create_refuses_a_run_id_whose_directory_exists_without_a_journal(runs):
         _create(runs)
 
     assert os.listdir(runs / "run1") == []
+    assert os.listdir(runs) == ["run1"], "the hidden directory of the refused create is gone"
+
+
+def test_create_renames_a_hidden_directory_into_place_and_leaves_no_other_entry(runs, monkeypatch):
+    renames = []
+    real_rename = os.rename
+
+    def recording_rename(source, destination):
+        renames.append((os.path.basename(source), sorted(os.listdir(source)), destination))
+        real_rename(source, destination)
+
+    monkeypatch.setattr(journals.os, "rename", recording_rename)
+
+    _create(runs)
+
+    ((source, contents, destination),) = renames
+    assert source.startswith(journals.CREATING)
+    assert contents == ["journal.json"], "the journal is in the directory before it gets the run's name"
+    assert destination == str(runs / "run1")
+    assert os.listdir(runs) == ["run1"]
+
+
+def test_two_creates_take_unpredictable_hidden_names(runs, monkeypatch):
+    sources = []
+    real_rename = os.rename
+    monkeypatch.setattr(journals.os, "rename", lambda a, b: (sources.append(a), real_rename(a, b)))
+
+    _create(runs, "run1")
+    _create(runs, "run2")
+
+    assert len(set(sources)) == 2
+    assert all(len(os.path.basename(source)) > len(journals.CREATING) + 4 for source in sources)
+
+
+def test_create_refuses_a_run_directory_that_appears_during_the_rename_and_cleans_up(runs, monkeypatch):
+    """Injected: the race (a non-empty directory made by the run id after the check) cannot be
+    timed from outside; os.rename answers ENOTEMPTY as the kernel does."""
+    real_rename = os.rename
+
+    def racing_rename(source, destination):
+        os.mkdir(destination)
+        (Path(destination) / "journal.json").write_text("{}")
+        real_rename(source, destination)
+
+    monkeypatch.setattr(journals.os, "rename", racing_rename)
+
+    with pytest.raises(errors.UsageError, match="run run1 exists already"):
+        _create(runs)
+
+    assert os.listdir(runs) == ["run1"]
+    assert (runs / "run1" / "journal.json").read_text() == "{}"
+
+
+def test_create_that_cannot_write_its_journal_says_so_and_leaves_no_directory(runs, monkeypatch):
+    """Injected ENOSPC at the journal's write (a real full disk is in test_staged_lifecycle)."""
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(journals.fsutil, "atomic_write", full)
+
+    with pytest.raises(errors.JournalError) as raised:
+        _create(runs)
+
+    assert str(raised.value) == (
+        f"cannot write the first journal of run run1 in {runs}: No space left on device; no run was created"
+    )
+    assert os.listdir(runs) == []
 
 
 # load: what it reads
@@ -1103,24 +1173,34 @@ def test_run_journals_stops_on_one_unreadable_journal(runs, tmp_path):
         journals.run_journals(str(tmp_path))
 
 
-def test_run_journals_stops_on_a_run_directory_without_a_journal(runs, tmp_path):
+def test_run_journals_skips_a_run_directory_without_a_journal_and_incomplete_names_it(runs, tmp_path):
+    # What an earlier release's create left after a crash or ENOSPC between mkdir and journal.
     _create(runs, "good")
     (runs / "empty").mkdir()
 
-    with pytest.raises(errors.JournalError, match=r"journal .*empty/journal\.json: cannot read it"):
-        journals.run_journals(str(tmp_path))
+    assert [journal.run_id for journal in journals.run_journals(str(tmp_path))] == ["good"]
+    (found,) = journals.incomplete(str(tmp_path))
+    assert found["path"] == str(runs / "empty")
+    assert found["run_id"] == "empty"
+    assert "without a journal" in found["why"]
+    assert "remove it by hand" in found["why"]
 
 
-def test_check_all_passes_a_run_directory_whose_journal_is_being_created(runs, tmp_path):
-    # Without the lock, an empty run directory is a run that the lock's holder is creating.
+def test_run_journals_skips_a_hidden_run_being_created_and_incomplete_does_not_list_it(runs, tmp_path):
     _create(runs, "good")
-    (runs / "being-created").mkdir()
+    (runs / ".creating-abc123").mkdir()
+    _write(runs / ".creating-def456" / "journal.json", b"{")  # half written: never loaded
 
     journals.check_all(str(tmp_path))
 
-    assert [journal.run_id for journal in journals.run_journals(str(tmp_path), being_created_ok=True)] == [
-        "good"
-    ]
+    assert [journal.run_id for journal in journals.run_journals(str(tmp_path))] == ["good"]
+    assert journals.incomplete(str(tmp_path)) == []
+
+
+def test_a_complete_state_root_has_nothing_incomplete(runs, tmp_path):
+    _create(runs, "good")
+
+    assert journals.incomplete(str(tmp_path)) == []
 
 
 def test_check_all_refuses_one_unreadable_journal(runs, tmp_path):
@@ -1192,10 +1272,19 @@ def test_find_refuses_a_missing_run_naming_the_runs_directory(runs, tmp_path):
     assert str(raised.value) == f"no run nope under {runs}"
 
 
-def test_find_refuses_a_run_whose_journal_is_unreadable(runs, tmp_path):
+def test_find_refuses_a_run_directory_without_a_journal_saying_what_it_is(runs, tmp_path):
     (runs / "run1").mkdir()
 
-    with pytest.raises(errors.JournalError, match="cannot read it"):
+    with pytest.raises(
+        errors.JournalError, match=r"run run1: a run directory without a journal .*remove .*by hand"
+    ):
+        journals.find(str(tmp_path), "run1")
+
+
+def test_find_refuses_a_run_whose_journal_is_unreadable(runs, tmp_path):
+    _write(runs / "run1" / "journal.json", b"{")
+
+    with pytest.raises(errors.JournalError, match="truncated or not JSON"):
         journals.find(str(tmp_path), "run1")
 
 

@@ -146,6 +146,10 @@ def test_resolve_names_a_run_without_a_run_id_by_the_time_and_a_random_suffix(si
     assert first.run_id != second.run_id
 
 
+def test_an_empty_run_id_is_refused_not_replaced_by_a_generated_one(site):
+    assert _refusal(site, run_id="") == "run id '' is not a plain name ([A-Za-z0-9._-], at most 128)"
+
+
 def test_resolve_takes_the_lock_timeout(site):
     assert _resolve(site, lock_timeout=2.5).lock_timeout == 2.5
 

@@ -56,7 +56,7 @@ def _status(state_root, run_id=None):
 
 
 def test_status_of_a_state_root_with_an_empty_runs_directory_is_an_empty_list(state_root):
-    assert _status(state_root) == {"runs": []}
+    assert _status(state_root) == {"runs": [], "incomplete": []}
 
 
 def test_status_of_a_state_root_without_runs_is_refused(tmp_path):
