@@ -170,8 +170,8 @@ def test_a_report_file_replaced_by_a_fifo_or_a_symlink_is_refused_within_the_dea
 
 # The attacker of issue 18, defect 1, as another unprivileged user: it polls the directories
 # (os.listdir, the stdlib has no inotify) for the helper's work directories, renames each one
-# away and plants its own in its place with a forged report. Writes "<dir> <seen> <moved>
-# <denied>" per directory when SIGTERM stops it.
+# away and plants its own in its place with a forged report; it leaves alone directories of
+# its own uid. Writes "<dir> <seen> <moved> <denied>" per directory when SIGTERM stops it.
 ATTACKER = r"""
 import os, signal, sys, time
 *watched, forged, out = sys.argv[1:]
@@ -188,6 +188,13 @@ while not stop:
             continue
         for name in names:
             if not name.startswith(".eessi-arch-guard-restore.") or (d, name) in done:
+                continue
+            try:
+                # Another user's directories only: the attacker's own are not an attack (and
+                # may be those of a guard running as this user elsewhere on the machine).
+                if os.lstat(os.path.join(d, name)).st_uid == os.getuid():
+                    continue
+            except OSError:
                 continue
             done.add((d, name))
             counts[d][0] += 1
