@@ -70,18 +70,17 @@ def record_live(journal, entry, skip):
     if skip:
         entry.live_record = None
         return
-    record_path = os.path.join(journal.run_dir, "live", entry.name, entry.version + ".json")
-    os.makedirs(os.path.dirname(record_path), exist_ok=True)
-    fsutil.atomic_write_json(record_path, fsutil.tree_digest(entry.stable_path))
-    entry.live_record = record_path
+    digest = json.dumps(fsutil.tree_digest(entry.stable_path), sort_keys=True, indent=2) + "\n"
+    entry.live_record = journal.write_file(
+        os.path.join("live", entry.name, entry.version + ".json"), digest.encode("utf-8")
+    )
 
 
 def check_live(entry):
     """Refuse the swap when a live file changed since the build started, naming the files."""
     if not entry.live_record:
         return
-    with open(entry.live_record, encoding="utf-8") as handle:
-        before = json.load(handle)
+    before = json.loads(fsutil.read_regular(entry.live_record, "live-change record"))
     changed = fsutil.changed_paths(before, fsutil.tree_digest(entry.stable_path))
     if changed:
         shown = ", ".join(changed[:10]) + (f" and {len(changed) - 10} more" if len(changed) > 10 else "")
@@ -104,10 +103,9 @@ def _prepare_module(journal, entry, staged_install, staged_module):
             f"module file {staged_module} names root {built_root}, not the staged install {staged_install}"
         )
     prepared = modulefile.encode(modulefile.with_root(text, entry.stable_path))
-    prepared_path = os.path.join(journal.run_dir, "prepared", entry.name, os.path.basename(entry.module_file))
-    os.makedirs(os.path.dirname(prepared_path), exist_ok=True)
-    fsutil.atomic_write(prepared_path, prepared)
-    entry.prepared_module = prepared_path
+    entry.prepared_module = journal.write_file(
+        os.path.join("prepared", entry.name, os.path.basename(entry.module_file)), prepared
+    )
     entry.new_module_sha256 = modulefile.module_hash(prepared)
 
 
@@ -120,10 +118,9 @@ def _back_up_module(journal, entry):
         entry.old_module_sha256 = None
         return
     old = fsutil.read_regular(module_file, "module file")
-    backup = os.path.join(journal.run_dir, "backup", entry.name, os.path.basename(module_file))
-    os.makedirs(os.path.dirname(backup), exist_ok=True)
-    fsutil.atomic_write(backup, old)
-    entry.module_backup = backup
+    entry.module_backup = journal.write_file(
+        os.path.join("backup", entry.name, os.path.basename(module_file)), old
+    )
     entry.old_module_sha256 = modulefile.module_hash(old)
 
 
@@ -189,9 +186,7 @@ def plan(journal, trees, generation, *, prepare=None, env=None):
 
         with journal.step(StepKind.STAGE_MOVE, entry):
             with owner_write_window(staged_install):
-                os.rename(staged_install, entry.retired_path)
-            fsutil.fsync_dir(os.path.dirname(staged_install))
-            fsutil.fsync_dir(os.path.dirname(entry.retired_path))
+                fsutil.rename(staged_install, entry.retired_path, root=trees.software)
             entry.stage_ino = os.lstat(entry.retired_path).st_ino
             entry.live_ino = os.lstat(entry.stable_path).st_ino
 
