@@ -157,10 +157,20 @@ def retire(state_root, module_file, reason):
     }
 
 
-def _nothing_moved(journal):
-    # A crash before the rename: the journal says retiring, and the file never left.
+def _in_place(journal):
+    """True when the module file is where it was retired from, with the bytes it had, and
+    not in ``retired/``: read from the disk, not from the journal's state. That is a retire
+    stopped before its rename (the journal says retiring), or a rollback stopped after its
+    rename back but before its journal write (the journal still says retired); either way
+    only the journal's ``rolled_back`` is missing."""
     source, original = journal.run.retired_to, journal.run.module_file
-    return journal.state is RunState.RETIRING and os.path.lexists(original) and not os.path.lexists(source)
+    if os.path.lexists(source) or not os.path.isfile(original) or os.path.islink(original):
+        return False
+    try:
+        data = fsutil.read_regular(original, "module file")
+    except (OSError, errors.UsageError):
+        return False
+    return modulefile.module_hash(data) == journal.run.module_sha256
 
 
 def check_rollback(journal):
@@ -176,7 +186,7 @@ def check_rollback(journal):
         )
     if journal.state is RunState.ROLLED_BACK:
         return False
-    if _nothing_moved(journal):
+    if _in_place(journal):
         return True
     if os.path.lexists(original):
         raise errors.UsageError(f"{original} exists again; refusing to overwrite it with the retired copy")
@@ -190,7 +200,7 @@ def rollback_retire(journal):
     source, original = journal.run.retired_to, journal.run.module_file
     if not check_rollback(journal):
         return {"run_id": journal.run_id, "changed": False, "state": journal.state.value}
-    if _nothing_moved(journal):
+    if _in_place(journal):
         journal.set_state(RunState.ROLLED_BACK)
         return {"run_id": journal.run_id, "changed": True, "state": journal.state.value}
     _move(source, journal.state_root, original, module_root_of(original))
