@@ -128,7 +128,10 @@ def retire(state_root, module_file, reason):
         reason=reason,
         retired_at=journals.now(),
     )
+    # Fault points (``faults.Faults``) before the rename and before the journal says it happened.
+    journal.faults.before("retire move")
     _move(module_file, destination)
+    journal.faults.before("state retired")
     journal.set_state(RunState.RETIRED)
     return {
         "run_id": run_id,
@@ -175,6 +178,8 @@ def rollback_retire(journal):
     if _nothing_moved(journal):
         journal.set_state(RunState.ROLLED_BACK)
         return {"run_id": journal.run_id, "changed": True, "state": journal.state.value}
+    journal.faults.before("rollback move")
     _move(source, original)
+    journal.faults.before("state rolled_back")
     journal.set_state(RunState.ROLLED_BACK)
     return {"run_id": journal.run_id, "changed": True, "state": journal.state.value, "module_file": original}
