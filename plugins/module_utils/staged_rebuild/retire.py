@@ -14,6 +14,7 @@ back the same way and refuses to overwrite a module file that exists again.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import stat
@@ -128,11 +129,17 @@ def retire(state_root, module_file, reason):
         reason=reason,
         retired_at=journals.now(),
     )
-    # Fault points (``faults.Faults``) before the rename and before the journal says it happened.
-    journal.faults.before("retire move")
-    _move(module_file, destination)
-    journal.faults.before("state retired")
-    journal.set_state(RunState.RETIRED)
+    moved = False
+    try:
+        # Fault points (``faults.Faults``) before the rename and before the journal says it happened.
+        journal.faults.before("retire move")
+        _move(module_file, destination)
+        moved = True
+        journal.faults.before("state retired")
+        journal.set_state(RunState.RETIRED)
+    except BaseException:
+        _undo_retire(journal, moved)
+        raise
     return {
         "run_id": run_id,
         "changed": True,
@@ -140,6 +147,17 @@ def retire(state_root, module_file, reason):
         "module_file": module_file,
         "retired_to": destination,
     }
+
+
+def _undo_retire(journal, moved):
+    """A retire that failed (a full or read-only disk: the rename, or the journal's "retired")
+    puts the module file back, so that it fails with nothing changed, and ends its run
+    ``rolled_back``. If even that journal write fails, the run stays ``retiring`` with the
+    file in place, which ``rollback`` resolves (``_nothing_moved``) and gc does not remove."""
+    if moved:
+        _move(journal.run.retired_to, journal.run.module_file)
+    with contextlib.suppress(OSError):
+        journal.set_state(RunState.ROLLED_BACK)
 
 
 def _nothing_moved(journal):
@@ -180,6 +198,12 @@ def rollback_retire(journal):
         return {"run_id": journal.run_id, "changed": True, "state": journal.state.value}
     journal.faults.before("rollback move")
     _move(source, original)
-    journal.faults.before("state rolled_back")
-    journal.set_state(RunState.ROLLED_BACK)
+    try:
+        journal.faults.before("state rolled_back")
+        journal.set_state(RunState.ROLLED_BACK)
+    except BaseException:
+        # The journal still says retired: the file goes where it says, or the next rollback
+        # would find it back and refuse to overwrite it.
+        _move(original, source)
+        raise
     return {"run_id": journal.run_id, "changed": True, "state": journal.state.value, "module_file": original}
