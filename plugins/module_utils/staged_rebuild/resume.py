@@ -27,12 +27,13 @@ retiring           nothing: ``rollback <run>`` resolves a retire record
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import Any, Callable, Dict, List
 
 from . import fsutil, ledger, modulefile, operations, swap
-from .journal import INTERRUPTED, Journal, ModuleEntry, RunKind, RunState, StepKind, now
+from .journal import INTERRUPTED, Journal, ModuleEntry, RunKind, RunState, StepKind, now, step_name
 from .paths import Trees
-from .transaction import exchange_journaled
+from .transaction import Transaction, exchange_journaled
 
 
 def _module_is_new(entry: ModuleEntry) -> bool:
@@ -49,35 +50,58 @@ def _is_swapped(entry: ModuleEntry) -> bool:
 
 
 def return_to_old(journal: Journal, trees: Trees) -> List[str]:
-    """Put every live directory, module file and class link of ``journal`` back to the old tree."""
+    """Put every live directory, module file and class link of ``journal`` back to the old tree.
+
+    Each change is a step of a transaction: when one fails (a full or read-only disk), the
+    ones done are reversed and the run stays in its interrupted state, so that a failed
+    resume leaves the trees as it found them (not some module files old under a new tree)
+    and the next resume starts from the same disk.
+    """
     actions = []
-    for entry in reversed(journal.modules):
-        if os.path.lexists(swap.hold_path(entry.retired_path)):
-            with journal.step(StepKind.RESUME_RECOVER_FALLBACK, entry):
-                recovered = swap.recover_fallback(entry.retired_path, entry.stable_path)
-            actions.append(f"{entry.module}: {recovered}")
-        for module_class, previous in sorted(entry.class_link_previous.items()):
-            link = operations.class_link_path(trees, entry, module_class)
-            current = os.readlink(link) if os.path.islink(link) else None
-            if current != previous:
-                with journal.step(StepKind.RESUME_CLASS_LINK, entry, module_class):
-                    operations.restore_class_link(trees, entry, module_class, previous)
-                actions.append(f"{entry.module}: class link {module_class} restored")
-        if _module_is_new(entry):
-            with journal.step(StepKind.RESUME_MODULE, entry):
-                operations.restore_module(entry)
-            actions.append(f"{entry.module}: module file restored")
-    config = journal.request.ledger_settings()
-    for step in journal.steps_of(StepKind.LEDGER) if config else []:
-        if step.ledger_length is not None and ledger.remove_run_records(
-            config, step.ledger_length, journal.run_id
-        ):
-            actions.append("ledger records of the run removed")
-    for entry in reversed(journal.modules):
-        if _is_swapped(entry):
-            with journal.step(StepKind.RESUME_SWAP, entry):
-                exchange_journaled(journal, entry)
-            actions.append(f"{entry.module}: old tree back at {entry.stable_path}")
+    transaction = Transaction(journal)
+    try:
+        for entry in reversed(journal.modules):
+            if os.path.lexists(swap.hold_path(entry.retired_path)):
+                # A repair of names a crash left half-renamed, not a change to reverse.
+                with journal.step(StepKind.RESUME_RECOVER_FALLBACK, entry):
+                    recovered = swap.recover_fallback(entry.retired_path, entry.stable_path)
+                actions.append(f"{entry.module}: {recovered}")
+            for module_class, previous in sorted(entry.class_link_previous.items()):
+                link = operations.class_link_path(trees, entry, module_class)
+                current = os.readlink(link) if os.path.islink(link) else None
+                if current != previous:
+                    transaction.run(
+                        step_name(StepKind.RESUME_CLASS_LINK, entry, module_class),
+                        partial(operations.restore_class_link, trees, entry, module_class, previous),
+                        partial(operations.restore_class_link, trees, entry, module_class, current),
+                    )
+                    actions.append(f"{entry.module}: class link {module_class} restored")
+            if _module_is_new(entry):
+                transaction.run(
+                    step_name(StepKind.RESUME_MODULE, entry),
+                    partial(operations.restore_module, entry),
+                    partial(operations.write_module, entry),
+                )
+                actions.append(f"{entry.module}: module file restored")
+        config = journal.request.ledger_settings()
+        for step in journal.steps_of(StepKind.LEDGER) if config else []:
+            if step.ledger_length is not None and ledger.remove_run_records(
+                config, step.ledger_length, journal.run_id
+            ):
+                actions.append("ledger records of the run removed")
+        for entry in reversed(journal.modules):
+            if _is_swapped(entry):
+                transaction.run(
+                    step_name(StepKind.RESUME_SWAP, entry),
+                    partial(exchange_journaled, journal, entry),
+                    partial(operations.exchange, entry),
+                )
+                actions.append(f"{entry.module}: old tree back at {entry.stable_path}")
+    except BaseException as err:
+        state = journal.state
+        transaction.abort(
+            err, "resume", state, state, f"what it changed was reversed; the run stays {state.value}"
+        )
     return actions
 
 
