@@ -7,7 +7,10 @@ import os
 
 import pytest
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild.faults import Faults, InjectedFailure
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild.faults import (
+    Faults,
+    InjectedFailure,
+)
 
 
 def test_without_an_errno_the_injected_failure_is_eio_and_names_its_point():
