@@ -684,3 +684,64 @@ def test_resume_on_a_really_full_module_tree_reverses_what_it_did_and_works_once
     assert journal_state(site, "run1") == "publishing"
     filler.unlink()
     _resume_again_returns_to_the_old_tree(site, context, crashed)
+
+
+class _AtTheBuild(faults.Faults):
+    """A plan that injects nothing: it runs ``action`` (a real remount, a real filling of the
+    disk) at the build's write point, so that the disk fails under the build."""
+
+    def __init__(self, action):
+        super().__init__()
+        self.action = action
+
+    def before(self, operation):
+        if operation == "build":
+            self.action()
+        super().before(operation)
+
+
+@pytest.mark.parametrize("how", ["read-only", "full"])
+def test_a_state_root_read_only_or_full_during_the_build_ends_failed_and_resume_publishes_nothing(
+    small_disk, tmp_path, package_root, how
+):
+    site = StagedSite(
+        installpath=tmp_path / "apps", state_root=small_disk / "state", package_root=package_root
+    )
+    context = _old_site(site)
+    runs = site.state_root / "runs"
+    runs.mkdir(parents=True, mode=0o700)
+    filled = []
+
+    def fail_the_disk():
+        if how == "read-only":
+            # A read-only bind of runs/ over itself: the remount of the whole tmpfs is refused
+            # while the command holds its lock file open for writing.
+            subprocess.run(["mount", "--bind", str(runs), str(runs)], check=True)
+            subprocess.run(["mount", "-o", "remount,bind,ro", str(runs)], check=True)
+        else:
+            filled.append(fill(small_disk))
+
+    try:
+        outcome = run_cli(site, rebuild_argv(site, "run1"), _AtTheBuild(fail_the_disk))
+    finally:
+        if how == "read-only":
+            subprocess.run(["umount", str(runs)], check=True)
+        for filler in filled:
+            filler.unlink()
+
+    line = error_line(outcome)
+    assert os.strerror(errno.EROFS if how == "read-only" else errno.ENOSPC) in line, line
+    assert "could not be marked failed" in line
+    assert "ends it failed, building nothing" in line
+    assert trees(site) == context["old"]
+    assert journal_state(site, "run1") == "building", "the journal could not be written"
+    assert not os.path.lexists(site.software / ".eb-staged-rebuild" / "run1"), "the stage was discarded"
+
+    resumed = run_cli(site, ["--json", "resume"]).result()
+
+    (run,) = resumed["runs"]
+    assert (run["run_id"], run["state"], run["changed"]) == ("run1", "failed", True)
+    assert "nothing published" in run["actions"][0]
+    assert trees(site) == context["old"], "resume built and published a run that failed"
+    assert site.payload(APP) == "old"
+    assert run_cli(site, rebuild_argv(site, "run2")).result()["state"] == "published"

@@ -15,8 +15,9 @@ request is in the journal). A ``failed`` run is never built or published again.
 state              what resume does
 =================  ==========================================================
 building           built again from the journal's request, then published (a run
-                   stopped before its module list was saved ends ``failed``: nothing
-                   of it was built)
+                   stopped before its module list was saved, or without its generation
+                   directory, ends ``failed``: nothing of it was built, or it failed
+                   when its journal could not be written)
 planning           the old tree stays live; the stage is discarded
 publishing         every swapped module swapped back; the run ends ``failed``
 rolling_back       the same, back to the old tree; the run ends ``rolled_back``
@@ -105,6 +106,17 @@ def return_to_old(journal: Journal, trees: Trees) -> List[str]:
     return actions
 
 
+def _end_failed(journal: Journal, why: str) -> Dict[str, Any]:
+    journal.run.resumed = now()
+    journal.set_state(RunState.FAILED)
+    return {
+        "run_id": journal.run_id,
+        "state": journal.state.value,
+        "changed": True,
+        "actions": [why + "; ended failed"],
+    }
+
+
 def resume_run(journal: Journal, rebuild: Callable[[Journal], Dict[str, Any]]) -> Dict[str, Any]:
     """Resume one run; ``rebuild(journal)`` builds a ``building`` run again and publishes it."""
     unchanged: Dict[str, Any] = {
@@ -121,14 +133,13 @@ def resume_run(journal: Journal, rebuild: Callable[[Journal], Dict[str, Any]]) -
     if journal.state is RunState.BUILDING and not journal.modules:
         # Stopped between the journal's creation and its module list: nothing was built or
         # staged, and the live-change record was never taken, so nothing is built now either.
-        journal.run.resumed = now()
-        journal.set_state(RunState.FAILED)
-        return {
-            "run_id": journal.run_id,
-            "state": journal.state.value,
-            "changed": True,
-            "actions": ["stopped before its modules were recorded: nothing built or published; ended failed"],
-        }
+        return _end_failed(journal, "stopped before its modules were recorded: nothing built or published")
+    if journal.state is RunState.BUILDING and not os.path.isdir(journal.trees.generation(journal.run_id)):
+        # The generation directory is made before the build starts and discarded when a run
+        # fails. Without it the run either stopped before its build, or failed when even its
+        # journal could not say so (a read-only or full state root): building it now would
+        # publish a run that failed.
+        return _end_failed(journal, "no build area: it failed or stopped before building; nothing published")
     if journal.state is RunState.BUILDING:
         result = rebuild(journal)
         result["actions"] = ["built again and published"]
