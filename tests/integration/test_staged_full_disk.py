@@ -8,7 +8,7 @@ command creates or loads gets the test's ``faults.Faults`` (the factory ``journa
 is replaced for the call), because the command line has, rightly, no option to inject a
 failure. ``Faults(fail_at=n, errno=ENOSPC|EROFS)`` stands for a full or read-only disk at
 exactly the n-th write point: the OSError a real write there raises, errno and kernel
-words alike, without filling a disk at that one moment (which cannot be timed). The list
+words alike, where a real disk cannot be made to fail at each of a hundred points. The list
 of points of each command is counted at collection time by a run with a counting plan, as
 ``test_staged_faults`` does, so a point added to the engine becomes a case of its own.
 
@@ -27,8 +27,15 @@ An interrupted run for ``resume`` is made by a forked child of this process that
 itself with SIGKILL at a write point, as ``test_staged_crash`` does with a separate
 process: the disk is left exactly as a crash leaves it, at a fraction of the cost.
 
-The last cases use a real small tmpfs and a real read-only remount, for rollback, retire
-and gc: they show that the injected errors take the same paths as the kernel's.
+The injected cases publish one module: ``test_staged_faults`` runs every point of a
+three-module publish and rollback (with EIO), and the paths an errno takes do not depend
+on how many modules there are.
+
+The last cases use a real small tmpfs (filled until the kernel says ENOSPC, then given
+back the pages the writes before the failing one need) and a real read-only remount or
+bind, for rollback, retire, the rollback of a retire, resume, gc, and a state root that
+fails under a build: they show that the injected errors take the same paths as the
+kernel's.
 """
 
 from __future__ import annotations
@@ -78,11 +85,11 @@ class Outcome:
 def every_journal_with(plan: faults.Faults):
     """Every ``Journal`` made while the block runs (created or loaded) counts on ``plan``."""
     saved = journals.Faults
-    journals.Faults = lambda: plan  # type: ignore[assignment,misc]
+    journals.Faults = lambda: plan
     try:
         yield plan
     finally:
-        journals.Faults = saved  # type: ignore[misc]
+        journals.Faults = saved
 
 
 def _environment():
@@ -501,7 +508,7 @@ def small_disk(tmp_path):
             subprocess.run(["umount", "-l", str(mountpoint)], check=True)
 
 
-PAGE = 4096  # tmpfs allocates whole pages: one holds the lock's record, or one journal
+PAGE = os.sysconf("SC_PAGE_SIZE")  # tmpfs allocates whole pages: one holds the lock's record, or one journal
 
 
 def fill(disk: Path, pages_left: int = 0) -> Path:
