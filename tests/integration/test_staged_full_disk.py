@@ -752,3 +752,22 @@ def test_a_state_root_read_only_or_full_during_the_build_ends_failed_and_resume_
     assert trees(site) == context["old"], "resume built and published a run that failed"
     assert site.payload(APP) == "old"
     assert run_cli(site, rebuild_argv(site, "run2")).result()["state"] == "published"
+
+
+def test_gc_with_its_state_root_on_the_really_full_disk_stops_at_the_lock_and_works_once_space_is_freed(
+    small_disk, tmp_path, package_root
+):
+    """The lock's holder record needs a page: on a disk that is full to the last page, gc
+    (which would free space) refuses in one line before it changes anything."""
+    site = on(small_disk, tmp_path, package_root, state_on_disk=True)
+    context = _published(site, "run1", "run2")
+    before = trees(site)
+    filler = fill(small_disk)
+
+    outcome = run_cli(site, ["--json", "gc", "--grace-hours", "0"])
+
+    assert_fails_with(outcome, errno.ENOSPC)
+    assert "cannot record the lock holder" in outcome.stderr
+    assert trees(site) == before
+    filler.unlink()
+    _gc_again_removes_the_old_trees(site, context, before)
