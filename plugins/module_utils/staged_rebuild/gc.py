@@ -79,10 +79,13 @@ def _collect_siblings(journal, now, grace, dry_run, report):
             report["kept"].append({"path": sibling, "run_id": journal.run_id, "why": "grace period"})
             continue
         if not dry_run:
+            # A fault point (``faults.Faults``) before each removal, as before every write of a run.
+            journal.faults.before("gc remove " + os.path.relpath(sibling, software))
             fsutil.remove_tree(sibling, root=software)
         report["removed"].append({"path": sibling, "run_id": journal.run_id})
     generation = journal.trees.generation(journal.run_id)
     if old_enough and not dry_run and os.path.isdir(generation) and not os.path.islink(generation):
+        journal.faults.before("gc remove " + os.path.relpath(generation, software))
         fsutil.remove_tree(generation, root=software)
 
 

@@ -125,7 +125,8 @@ def end_failed(journal: Journal, generation: str, err: BaseException) -> None:
 
     The stage is discarded first, as far as the disk lets it (what stays goes with gc). When
     even the journal cannot be written (ENOSPC, EROFS), a ``JournalError`` says so in one line,
-    naming ``err`` too, and the run stays as the disk has it (resume finds it interrupted).
+    naming ``err`` too, and the run stays as the disk has it: ``building``, without its
+    generation directory, which resume then ends ``failed`` without building it.
     """
     # A read-only or full disk may keep some of it: gc removes a finished run's generation.
     with contextlib.suppress(OSError, errors.UsageError):
@@ -137,10 +138,12 @@ def end_failed(journal: Journal, generation: str, err: BaseException) -> None:
     except OSError as journal_err:
         journal.run.state = on_disk  # what the journal on disk still says
         cause = err.strerror if isinstance(err, OSError) and err.strerror else errors.marked(err)
+        built = os.path.lexists(generation)
         raise errors.JournalError(
             f"run {journal.run_id} failed ({cause}) and its journal {journal.path} could not be marked "
-            f"failed: {journal_err.strerror}; it stays {on_disk.value} "
-            "('eb-staged-rebuild resume' finishes it once the disk is writable)"
+            f"failed: {journal_err.strerror}; it stays {on_disk.value} ('eb-staged-rebuild resume' "
+            + ("finishes it" if built else "ends it failed, building nothing,")
+            + " once the disk is writable)"
         ) from None
 
 

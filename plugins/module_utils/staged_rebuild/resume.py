@@ -15,8 +15,9 @@ request is in the journal). A ``failed`` run is never built or published again.
 state              what resume does
 =================  ==========================================================
 building           built again from the journal's request, then published (a run
-                   stopped before its module list was saved ends ``failed``: nothing
-                   of it was built)
+                   stopped before its module list was saved, or without its generation
+                   directory, ends ``failed``: nothing of it was built, or it failed
+                   when its journal could not be written)
 planning           the old tree stays live; the stage is discarded
 publishing         every swapped module swapped back; the run ends ``failed``
 rolling_back       the same, back to the old tree; the run ends ``rolled_back``
@@ -27,12 +28,13 @@ retiring           nothing: ``rollback <run>`` resolves a retire record
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import Any, Callable, Dict, List
 
 from . import fsutil, ledger, modulefile, operations, swap
-from .journal import INTERRUPTED, Journal, ModuleEntry, RunKind, RunState, StepKind, now
+from .journal import INTERRUPTED, Journal, ModuleEntry, RunKind, RunState, StepKind, now, step_name
 from .paths import Trees
-from .transaction import exchange_journaled
+from .transaction import Transaction, exchange_journaled
 
 
 def _module_is_new(entry: ModuleEntry) -> bool:
@@ -49,36 +51,72 @@ def _is_swapped(entry: ModuleEntry) -> bool:
 
 
 def return_to_old(journal: Journal, trees: Trees) -> List[str]:
-    """Put every live directory, module file and class link of ``journal`` back to the old tree."""
+    """Put every live directory, module file and class link of ``journal`` back to the old tree.
+
+    Each change is a step of a transaction: when one fails (a full or read-only disk), the
+    ones done are reversed and the run stays in its interrupted state, so that a failed
+    resume leaves the trees as it found them (not some module files old under a new tree)
+    and the next resume starts from the same disk.
+    """
     actions = []
-    for entry in reversed(journal.modules):
-        if os.path.lexists(swap.hold_path(entry.retired_path)):
-            with journal.step(StepKind.RESUME_RECOVER_FALLBACK, entry):
-                recovered = swap.recover_fallback(entry.retired_path, entry.stable_path, root=trees.software)
-            actions.append(f"{entry.module}: {recovered}")
-        for module_class, previous in sorted(entry.class_link_previous.items()):
-            link = operations.class_link_path(trees, entry, module_class)
-            current = os.readlink(link) if os.path.islink(link) else None
-            if current != previous:
-                with journal.step(StepKind.RESUME_CLASS_LINK, entry, module_class):
-                    operations.restore_class_link(trees, entry, module_class, previous)
-                actions.append(f"{entry.module}: class link {module_class} restored")
-        if _module_is_new(entry):
-            with journal.step(StepKind.RESUME_MODULE, entry):
-                operations.restore_module(trees, entry)
-            actions.append(f"{entry.module}: module file restored")
-    config = journal.request.ledger_settings()
-    for step in journal.steps_of(StepKind.LEDGER) if config else []:
-        if step.ledger_length is not None and ledger.remove_run_records(
-            config, step.ledger_length, journal.run_id
-        ):
-            actions.append("ledger records of the run removed")
-    for entry in reversed(journal.modules):
-        if _is_swapped(entry):
-            with journal.step(StepKind.RESUME_SWAP, entry):
-                exchange_journaled(journal, entry)
-            actions.append(f"{entry.module}: old tree back at {entry.stable_path}")
+    transaction = Transaction(journal)
+    try:
+        for entry in reversed(journal.modules):
+            if os.path.lexists(swap.hold_path(entry.retired_path)):
+                # A repair of names a crash left half-renamed, not a change to reverse.
+                with journal.step(StepKind.RESUME_RECOVER_FALLBACK, entry):
+                    recovered = swap.recover_fallback(
+                        entry.retired_path, entry.stable_path, root=trees.software
+                    )
+                actions.append(f"{entry.module}: {recovered}")
+            for module_class, previous in sorted(entry.class_link_previous.items()):
+                link = operations.class_link_path(trees, entry, module_class)
+                current = os.readlink(link) if os.path.islink(link) else None
+                if current != previous:
+                    transaction.run(
+                        step_name(StepKind.RESUME_CLASS_LINK, entry, module_class),
+                        partial(operations.restore_class_link, trees, entry, module_class, previous),
+                        partial(operations.restore_class_link, trees, entry, module_class, current),
+                    )
+                    actions.append(f"{entry.module}: class link {module_class} restored")
+            if _module_is_new(entry):
+                transaction.run(
+                    step_name(StepKind.RESUME_MODULE, entry),
+                    partial(operations.restore_module, trees, entry),
+                    partial(operations.write_module, trees, entry),
+                )
+                actions.append(f"{entry.module}: module file restored")
+        config = journal.request.ledger_settings()
+        for step in journal.steps_of(StepKind.LEDGER) if config else []:
+            if step.ledger_length is not None and ledger.remove_run_records(
+                config, step.ledger_length, journal.run_id
+            ):
+                actions.append("ledger records of the run removed")
+        for entry in reversed(journal.modules):
+            if _is_swapped(entry):
+                transaction.run(
+                    step_name(StepKind.RESUME_SWAP, entry),
+                    partial(exchange_journaled, journal, entry),
+                    partial(operations.exchange, trees, entry),
+                )
+                actions.append(f"{entry.module}: old tree back at {entry.stable_path}")
+    except BaseException as err:
+        state = journal.state
+        transaction.abort(
+            err, "resume", state, state, f"what it changed was reversed; the run stays {state.value}"
+        )
     return actions
+
+
+def _end_failed(journal: Journal, why: str) -> Dict[str, Any]:
+    journal.run.resumed = now()
+    journal.set_state(RunState.FAILED)
+    return {
+        "run_id": journal.run_id,
+        "state": journal.state.value,
+        "changed": True,
+        "actions": [why + "; ended failed"],
+    }
 
 
 def resume_run(journal: Journal, rebuild: Callable[[Journal], Dict[str, Any]]) -> Dict[str, Any]:
@@ -97,14 +135,13 @@ def resume_run(journal: Journal, rebuild: Callable[[Journal], Dict[str, Any]]) -
     if journal.state is RunState.BUILDING and not journal.modules:
         # Stopped between the journal's creation and its module list: nothing was built or
         # staged, and the live-change record was never taken, so nothing is built now either.
-        journal.run.resumed = now()
-        journal.set_state(RunState.FAILED)
-        return {
-            "run_id": journal.run_id,
-            "state": journal.state.value,
-            "changed": True,
-            "actions": ["stopped before its modules were recorded: nothing built or published; ended failed"],
-        }
+        return _end_failed(journal, "stopped before its modules were recorded: nothing built or published")
+    if journal.state is RunState.BUILDING and not os.path.isdir(journal.trees.generation(journal.run_id)):
+        # The generation directory is made before the build starts and discarded when a run
+        # fails. Without it the run either stopped before its build, or failed when even its
+        # journal could not say so (a read-only or full state root): building it now would
+        # publish a run that failed.
+        return _end_failed(journal, "no build area: it failed or stopped before building; nothing published")
     if journal.state is RunState.BUILDING:
         result = rebuild(journal)
         result["actions"] = ["built again and published"]

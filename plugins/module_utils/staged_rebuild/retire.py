@@ -14,6 +14,7 @@ back the same way and refuses to overwrite a module file that exists again.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import stat
@@ -146,8 +147,17 @@ def retire(state_root, module_file, reason):
         reason=reason,
         retired_at=journals.now(),
     )
-    _move(module_file, module_root_of(module_file), destination, state_root)
-    journal.set_state(RunState.RETIRED)
+    moved = False
+    try:
+        # Fault points (``faults.Faults``) before the rename and before the journal says it happened.
+        journal.faults.before("retire move")
+        _move(module_file, module_root_of(module_file), destination, state_root)
+        moved = True
+        journal.faults.before("state retired")
+        journal.set_state(RunState.RETIRED)
+    except BaseException:
+        _undo_retire(journal, moved)
+        raise
     return {
         "run_id": run_id,
         "changed": True,
@@ -155,6 +165,23 @@ def retire(state_root, module_file, reason):
         "module_file": module_file,
         "retired_to": destination,
     }
+
+
+def _undo_retire(journal, moved):
+    """A retire that failed (a full or read-only disk: the rename, or the journal's "retired")
+    puts the module file back, so that it fails with nothing changed, and ends its run
+    ``rolled_back``. If even that fails, the run stays ``retiring``, which ``rollback``
+    resolves from the disk (``_in_place``) and gc does not remove."""
+    if moved:
+        _move_back(journal)
+    with contextlib.suppress(OSError):
+        journal.set_state(RunState.ROLLED_BACK)
+
+
+def _move_back(journal):
+    """The retired copy back to where it was retired from."""
+    original = journal.run.module_file
+    _move(journal.run.retired_to, journal.state_root, original, module_root_of(original))
 
 
 def _in_place(journal):
@@ -203,6 +230,14 @@ def rollback_retire(journal):
     if _in_place(journal):
         journal.set_state(RunState.ROLLED_BACK)
         return {"run_id": journal.run_id, "changed": True, "state": journal.state.value}
-    _move(source, journal.state_root, original, module_root_of(original))
-    journal.set_state(RunState.ROLLED_BACK)
+    journal.faults.before("rollback move")
+    _move_back(journal)
+    try:
+        journal.faults.before("state rolled_back")
+        journal.set_state(RunState.ROLLED_BACK)
+    except BaseException:
+        # The journal still says retired: the file goes where it says (and should this move
+        # fail too, the next rollback finds the file in place and only writes the journal).
+        _move(original, module_root_of(original), source, journal.state_root)
+        raise
     return {"run_id": journal.run_id, "changed": True, "state": journal.state.value, "module_file": original}
