@@ -142,3 +142,68 @@ def test_retire_and_rollback_never_touch_another_tree_while_a_directory_they_wal
     assert snapshot(victim) == victim_before
     assert site.module_file(APP).read_bytes() == module_bytes
     assert states == {"rolled_back"}
+
+
+_INTERRUPTED = ("building", "planning", "publishing", "rolling_back")
+
+
+def _publish_cycle(site, runs_fd: int):
+    """The next command of rebuild, rollback, rebuild, ...: resume what an attempt left
+    interrupted, roll back what is published, else rebuild."""
+    runs = runs_in(runs_fd)
+    if any(journal["state"] in _INTERRUPTED for journal in runs.values()):
+        return site.run("--json", "resume")
+    published = sorted(run_id for run_id, journal in runs.items() if journal["state"] == "published")
+    if published:
+        return site.run("--json", "rollback", published[-1])
+    return site.run("--json", *site.rebuild_args(APP))
+
+
+@pytest.mark.parametrize("target", ["software/TinyApp", "modules/all/TinyApp"])
+def test_rebuild_rollback_and_resume_never_touch_another_tree_while_a_directory_they_walk_is_swapped(
+    staged_site, tmp_path, target
+):
+    site = staged_site
+    site.install(APP)
+    live_before = snapshot(site.live(APP))
+    module_bytes = site.module_file(APP).read_bytes()
+    # A rebuild and its rollback before the race: runs/ exists, and the way back is known good.
+    first = site.run("--json", *site.rebuild_args(APP))
+    assert first.returncode == 0, first.stderr
+    assert site.run("rollback", json.loads(first.stdout)["run_id"]).returncode == 0
+    directory = {
+        "software/TinyApp": site.software / "TinyApp",
+        "modules/all/TinyApp": site.modules_all / "TinyApp",
+    }[target]
+    victim = _victim(tmp_path, "1.0.lua", "1.0/PAYLOAD", "1.0/bin/tiny", ".1.0.run1/PAYLOAD")
+    victim_before = snapshot(victim)
+    runs_fd = os.open(site.state_root / "runs", os.O_RDONLY | os.O_DIRECTORY)
+    outcomes = {"completed": 0, "refused": 0}
+    # Half of ATTEMPTS: a rebuild takes about a second; gc (software/<Name>) and retire
+    # (modules/all/<Name>) give these two targets their full count above.
+    attempts = max(ATTEMPTS // 2, 1)
+    try:
+        with Swapper(directory, victim, tmp_path):
+            for _attempt in range(attempts):
+                outcomes[assert_completed_or_refused(_publish_cycle(site, runs_fd))] += 1
+                assert snapshot(victim) == victim_before, f"victim changed after {outcomes}"
+        print(
+            f"rebuild, rollback and resume against a racing swapper of {target}, {attempts} attempts:",
+            outcomes,
+        )
+        # Without the swapper, every run ends resumed or rolled back: the live tree and its
+        # module file are the ones installed before the race, byte for byte.
+        for _settle in range(attempts + 2):
+            runs = runs_in(runs_fd)
+            if not any(journal["state"] in (*_INTERRUPTED, "published") for journal in runs.values()):
+                break
+            done = _publish_cycle(site, runs_fd)
+            assert done.returncode == 0, done.stderr
+        states = {journal["state"] for journal in runs_in(runs_fd).values()}
+    finally:
+        os.close(runs_fd)
+    assert sum(outcomes.values()) == attempts
+    assert snapshot(victim) == victim_before
+    assert states <= {"rolled_back", "failed"}
+    assert snapshot(site.live(APP)) == live_before
+    assert site.module_file(APP).read_bytes() == module_bytes

@@ -146,13 +146,19 @@ def open_nofollow(path, flags, mode=0o600):
         raise
 
 
-def read_regular(path, what="file") -> bytes:
+def read_regular(path, what="file", root=None) -> bytes:
     """The bytes of the regular file ``path``, read without following a link or blocking.
 
     ``O_NONBLOCK`` makes opening a FIFO return at once, and ``fstat`` on the opened file then
     refuses it, a socket's stand-in, a device or a directory, each with one line naming
-    ``what`` and ``path``. A missing file stays ``FileNotFoundError``.
+    ``what`` and ``path``. A missing file stays ``FileNotFoundError``. With ``root``, the
+    directories below it are opened without following a link too (``Directory``): what is
+    read is a file of that tree, never of one a swapped-in link points to.
     """
+    if root is not None:
+        directory, name = parent_of(path, root)
+        with directory:
+            return directory.read_regular(name, what)
     return _read_regular_fd(open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK), what, os.fspath(path))
 
 
@@ -420,11 +426,13 @@ def open_dir_at(parent_fd: int, name: str, where: str) -> int:
         if err.errno not in (errno.ELOOP, errno.ENOTDIR):
             raise
         try:
-            is_link = stat.S_ISLNK(os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_mode)
+            mode = os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_mode
         except OSError:
-            is_link = False  # gone again: say what the open found
-        if is_link or err.errno == errno.ELOOP:
+            mode = 0  # gone again: say what the open found
+        if stat.S_ISLNK(mode) or err.errno == errno.ELOOP:
             raise errors.UsageError(f"{where} is a symbolic link; refusing to follow it") from None
+        if stat.S_ISDIR(mode):  # a link when opened, a directory again now: it is being swapped
+            raise errors.UsageError(f"{where} changed while it was opened; refusing to follow it") from None
         raise errors.UsageError(f"{where} is not a directory") from None
 
 

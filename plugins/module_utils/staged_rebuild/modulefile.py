@@ -582,14 +582,39 @@ def read_metadata(path):
     the dict goes into a journal as it is. Raises ``UsageError`` for a symlink or anything
     but a regular file, ``FileNotFoundError`` when there is nothing at ``path``.
     """
-    info = os.lstat(path)
-    if stat.S_ISLNK(info.st_mode):
-        raise errors.UsageError(f"{os.fspath(path)} is a symbolic link; refusing to read or replace it")
-    if not stat.S_ISREG(info.st_mode):
-        raise errors.UsageError(
-            f"{os.fspath(path)} is not a regular file; only a module file can be replaced"
-        )
-    return _metadata(info, os.fspath(path))
+    directory, name = fsutil.parent_of(path)
+    with directory:
+        found = _metadata_at(directory, name)
+    if found is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), os.fspath(path))
+    return found
+
+
+def _metadata_at(directory, name):
+    """``read_metadata`` of the entry ``name`` of ``directory`` (an ``fsutil.Directory``),
+    read through one descriptor of the file itself; None when there is none.
+
+    The file that a replace takes its owner, mode and ACLs from must be the one it replaces:
+    read by a path whose directory was swapped for a link meanwhile, it would be a file of
+    another tree, and its owner would become the owner of the live module file."""
+    path = directory.join(name)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory.fd)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise errors.UsageError(
+                f"module file {path} is a symbolic link; refusing to replace it"
+            ) from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise errors.UsageError(f"{path} is not a regular file; only a module file can be replaced")
+        return _metadata(info, fd)
+    finally:
+        os.close(fd)
 
 
 def _new_file_metadata():
@@ -637,37 +662,38 @@ def _differences(actual, wanted):
     return names
 
 
-def _publish(path, data, wanted, root):
-    """Put ``data`` at ``path`` with the metadata ``wanted``; see ``replace_keeping_metadata``."""
+def _publish(path, data, root, recorded=None):
+    """Put ``data`` at ``path``; see ``replace_keeping_metadata``. The metadata is ``recorded``
+    when given, else that of the file it replaces, else the new-file mode; all of it is read
+    and written through one descriptor of ``path``'s directory."""
     path = os.fspath(path)
-    with fsutil.durable_replace(path, mode=None, root=root) as stream:
-        stream.write(data)
-        # Into the kernel before the owner and mode: a write that reaches the file after a
-        # chmod clears the setuid and setgid bits the chmod set.
-        stream.flush()
-        # chown before chmod: a chown clears setuid/setgid bits a chmod has just set.
-        _apply_owner(stream.fileno(), path, wanted)
-        _apply_xattrs(stream.fileno(), path, wanted)
-        os.fchmod(stream.fileno(), wanted["mode"])
-        # Checked before the rename, on the same inode, so a filesystem that drops or
-        # rewrites an attribute leaves the live file alone. durable_replace then fsyncs
-        # bytes, owner, mode and ACLs together before any name points at them.
-        differing = _differences(_metadata(os.fstat(stream.fileno()), stream.fileno()), wanted)
-        if differing:
-            raise errors.PublishError(
-                f"the new {path} does not keep {', '.join(differing)} of the file it replaces; "
-                "nothing was replaced"
-            )
-    differing = _differences(read_metadata(path), wanted)
+    directory, name = fsutil.parent_of(path, root)
+    with directory:
+        current = _metadata_at(directory, name)
+        wanted = recorded if recorded is not None else current or _new_file_metadata()
+        with directory.replace(name, mode=None) as stream:
+            stream.write(data)
+            # Into the kernel before the owner and mode: a write that reaches the file after a
+            # chmod clears the setuid and setgid bits the chmod set.
+            stream.flush()
+            # chown before chmod: a chown clears setuid/setgid bits a chmod has just set.
+            _apply_owner(stream.fileno(), path, wanted)
+            _apply_xattrs(stream.fileno(), path, wanted)
+            os.fchmod(stream.fileno(), wanted["mode"])
+            # Checked before the rename, on the same inode, so a filesystem that drops or
+            # rewrites an attribute leaves the live file alone. The replace then fsyncs
+            # bytes, owner, mode and ACLs together before any name points at them.
+            differing = _differences(_metadata(os.fstat(stream.fileno()), stream.fileno()), wanted)
+            if differing:
+                raise errors.PublishError(
+                    f"the new {path} does not keep {', '.join(differing)} of the file it replaces; "
+                    "nothing was replaced"
+                )
+        differing = _differences(_metadata_at(directory, name), wanted)
     if differing:
         raise errors.PublishError(
             f"{path} reads back with a different {', '.join(differing)} after the replace"
         )
-
-
-def _refuse_symlink(path):
-    if os.path.islink(path):
-        raise errors.UsageError(f"module file {os.fspath(path)} is a symbolic link; refusing to replace it")
 
 
 def replace_keeping_metadata(path, data, root=None):
@@ -688,33 +714,28 @@ def replace_keeping_metadata(path, data, root=None):
     ``path`` (even a dangling one) or a non-regular file is refused with ``UsageError``.
 
     With ``root`` (the module root), the directory of ``path`` is opened from it without
-    following a link, and the replace is made through its descriptor (``fsutil.Directory``).
+    following a link; the metadata is read, and the replace made, through its descriptor
+    (``fsutil.Directory``).
     """
-    _refuse_symlink(path)
-    wanted = read_metadata(path) if os.path.lexists(path) else _new_file_metadata()
-    _publish(path, data, wanted, root)
+    _publish(path, data, root)
 
 
-def restore_file(backup_path, path, metadata=None, root=None):
+def restore_file(backup_path, path, metadata=None, root=None, backup_root=None):
     """Put the backed-up module file ``backup_path`` back at ``path``, as ``replace_keeping_metadata``.
 
     The metadata is ``metadata`` when given (a ``read_metadata`` record of the file the
     backup was taken from), else that of the file now at ``path`` (the new module file,
     which kept the old one's), else the new-file mode 0644. A symlink at ``backup_path`` or
     ``path``, or a backup that is not a regular file, is refused with ``UsageError``;
-    ``root`` is ``replace_keeping_metadata``'s.
+    ``root`` is ``replace_keeping_metadata``'s, ``backup_root`` the same for the backup.
     """
-    _refuse_symlink(path)
-    data = fsutil.read_regular(backup_path, "module file backup")
+    data = fsutil.read_regular(backup_path, "module file backup", root=backup_root)
+    recorded = None
     if metadata is not None:
-        wanted = {
+        recorded = {
             "uid": metadata.get("uid"),
             "gid": metadata.get("gid"),
             "mode": metadata["mode"],
             "xattrs": dict(metadata.get("xattrs") or {}),
         }
-    elif os.path.lexists(path):
-        wanted = read_metadata(path)
-    else:
-        wanted = _new_file_metadata()
-    _publish(path, data, wanted, root)
+    _publish(path, data, root, recorded)

@@ -27,16 +27,23 @@ def exchange(trees, entry, on_step=None):
     return swap.exchange(entry.retired_path, entry.stable_path, on_step=on_step, root=trees.software)
 
 
-def write_module(trees, entry):
-    """Put the prepared module file live, keeping the live file's owner, mode and ACLs."""
-    data = fsutil.read_regular(entry.prepared_module, "prepared module file")
+def write_module(trees, state_root, entry):
+    """Put the prepared module file live, keeping the live file's owner, mode and ACLs.
+
+    The prepared file is read from the run's directory under ``state_root``, and the module
+    file written in ``modules/all/<Name>``, each through directories opened from their
+    root without following a link: a swapped-in link can neither feed another tree's bytes
+    into the live module file nor take the write elsewhere."""
+    data = fsutil.read_regular(entry.prepared_module, "prepared module file", root=state_root)
     modulefile.replace_keeping_metadata(entry.module_file, data, root=trees.modules)
 
 
-def restore_module(trees, entry):
+def restore_module(trees, state_root, entry):
     """Put the backed-up module file back; remove the new one when there was none before."""
     if entry.module_backup:
-        modulefile.restore_file(entry.module_backup, entry.module_file, root=trees.modules)
+        modulefile.restore_file(
+            entry.module_backup, entry.module_file, root=trees.modules, backup_root=state_root
+        )
         return
     directory, name = fsutil.parent_of(entry.module_file, trees.modules)
     with directory:

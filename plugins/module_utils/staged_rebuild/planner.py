@@ -109,7 +109,7 @@ def _prepare_module(journal, entry, staged_install, staged_module):
     entry.new_module_sha256 = modulefile.module_hash(prepared)
 
 
-def _back_up_module(journal, entry):
+def _back_up_module(journal, trees, entry):
     module_file = entry.module_file
     if os.path.islink(module_file):
         raise errors.UsageError(f"module file {module_file} is a symlink; refusing to replace it")
@@ -117,7 +117,9 @@ def _back_up_module(journal, entry):
         entry.module_backup = None
         entry.old_module_sha256 = None
         return
-    old = fsutil.read_regular(module_file, "module file")
+    # From modules/all/<Name> opened without following a link: the backup rollback restores
+    # is the live module file, never a file of a tree a swapped-in link points to.
+    old = fsutil.read_regular(module_file, "module file", root=trees.modules)
     entry.module_backup = journal.write_file(
         os.path.join("backup", entry.name, os.path.basename(module_file)), old
     )
@@ -182,7 +184,7 @@ def plan(journal, trees, generation, *, prepare=None, env=None):
             entry.class_links = _staged_class_links(generation, entry)
 
         with journal.step(StepKind.BACKUP, entry):
-            _back_up_module(journal, entry)
+            _back_up_module(journal, trees, entry)
 
         with journal.step(StepKind.STAGE_MOVE, entry):
             with owner_write_window(staged_install):

@@ -34,8 +34,8 @@ def _apply(transaction: Transaction, trees: Trees) -> None:
     for entry in journal.modules:
         transaction.run(
             step_name(StepKind.MODULE, entry),
-            partial(operations.write_module, trees, entry),
-            partial(operations.restore_module, trees, entry),
+            partial(operations.write_module, trees, journal.state_root, entry),
+            partial(operations.restore_module, trees, journal.state_root, entry),
         )
         for module_class in entry.class_links:
             # What the link was is journaled (with the step) before the link changes, so that a

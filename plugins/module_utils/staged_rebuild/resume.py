@@ -37,13 +37,11 @@ from .paths import Trees
 from .transaction import Transaction, exchange_journaled
 
 
-def _module_is_new(entry: ModuleEntry) -> bool:
+def _module_is_new(trees: Trees, entry: ModuleEntry) -> bool:
     if not entry.new_module_sha256 or not os.path.isfile(entry.module_file):
         return False
-    return (
-        modulefile.module_hash(fsutil.read_regular(entry.module_file, "module file"))
-        == entry.new_module_sha256
-    )
+    data = fsutil.read_regular(entry.module_file, "module file", root=trees.modules)
+    return modulefile.module_hash(data) == entry.new_module_sha256
 
 
 def _is_swapped(entry: ModuleEntry) -> bool:
@@ -79,11 +77,11 @@ def return_to_old(journal: Journal, trees: Trees) -> List[str]:
                         partial(operations.restore_class_link, trees, entry, module_class, current),
                     )
                     actions.append(f"{entry.module}: class link {module_class} restored")
-            if _module_is_new(entry):
+            if _module_is_new(trees, entry):
                 transaction.run(
                     step_name(StepKind.RESUME_MODULE, entry),
-                    partial(operations.restore_module, trees, entry),
-                    partial(operations.write_module, trees, entry),
+                    partial(operations.restore_module, trees, journal.state_root, entry),
+                    partial(operations.write_module, trees, journal.state_root, entry),
                 )
                 actions.append(f"{entry.module}: module file restored")
         config = journal.request.ledger_settings()

@@ -91,7 +91,7 @@ def check(module_file, reason, state_root):
         raise errors.UsageError(f"module file {module_file} does not exist (already retired?)") from None
     if not stat.S_ISREG(info.st_mode):
         raise errors.UsageError(f"{module_file} is not a regular file; only a module file can be retired")
-    data = fsutil.read_regular(module_file, "module file")
+    data = fsutil.read_regular(module_file, "module file", root=module_root_of(module_file))
     root = modulefile.parse_root(modulefile.decode(data))
     if root is None:
         raise errors.UsageError(f"module file {module_file} has no root assignment; refusing to retire it")
@@ -194,7 +194,7 @@ def _in_place(journal):
     if os.path.lexists(source) or not os.path.isfile(original) or os.path.islink(original):
         return False
     try:
-        data = fsutil.read_regular(original, "module file")
+        data = fsutil.read_regular(original, "module file", root=module_root_of(original))
     except (OSError, errors.UsageError):
         return False
     return modulefile.module_hash(data) == journal.run.module_sha256

@@ -71,8 +71,8 @@ def rollback(journal: Journal, trees: Trees) -> Dict[str, Any]:
                 )
             transaction.run(
                 step_name(StepKind.ROLLBACK_MODULE, entry),
-                partial(operations.restore_module, trees, entry),
-                partial(operations.write_module, trees, entry),
+                partial(operations.restore_module, trees, journal.state_root, entry),
+                partial(operations.write_module, trees, journal.state_root, entry),
             )
         for entry in entries:
             transaction.run(
