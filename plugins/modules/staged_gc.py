@@ -150,6 +150,7 @@ def main():
             settings.grace_hours(params, os.environ),
             settings.lock_timeout(params),
             dry_run=dry_run,
+            trees=module_support.host_trees(os.environ),
         ),
         module.check_mode,
     )

@@ -107,6 +107,7 @@ def main():
             progress=progress.append,
             env=dict(os.environ),
             dry_run=dry_run,
+            trees=module_support.host_trees(os.environ),
         ),
         module.check_mode,
     )

@@ -94,6 +94,7 @@ def main():
             run_id,
             settings.lock_timeout(module.params),
             dry_run=dry_run,
+            trees=module_support.host_trees(os.environ),
         ),
         module.check_mode,
         module._diff,

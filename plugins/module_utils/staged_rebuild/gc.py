@@ -110,10 +110,13 @@ def _report_retired(journal, roots, now, grace, report):
         report["manual"].append({"path": software_dir, "run_id": journal.run_id, "why": why})
 
 
-def gc(state_root, grace_hours=settings.DEFAULT_GRACE_HOURS, dry_run=False, now=None):
+def gc(state_root, grace_hours=settings.DEFAULT_GRACE_HOURS, dry_run=False, now=None, trees=None):
+    """Collect the runs of ``state_root``; ``trees`` (when given) are the only trees they may name."""
     now = now or datetime.datetime.now(datetime.timezone.utc)
     grace = datetime.timedelta(hours=grace_hours)
     runs = journals.run_journals(state_root)
+    for journal in runs:
+        journal.check_trees(trees)
     report: Dict[str, Any] = {
         "removed": [],
         "kept": [],

@@ -70,7 +70,7 @@ def record_live(journal, entry, skip):
     if skip:
         entry.live_record = None
         return
-    record_path = os.path.join(journal.run_dir, "live", entry.name, entry.version + ".json")
+    record_path = entry.live_record_in(journal.run_dir)
     os.makedirs(os.path.dirname(record_path), exist_ok=True)
     fsutil.atomic_write_json(record_path, fsutil.tree_digest(entry.stable_path))
     entry.live_record = record_path
@@ -104,7 +104,7 @@ def _prepare_module(journal, entry, staged_install, staged_module):
             f"module file {staged_module} names root {built_root}, not the staged install {staged_install}"
         )
     prepared = modulefile.encode(modulefile.with_root(text, entry.stable_path))
-    prepared_path = os.path.join(journal.run_dir, "prepared", entry.name, os.path.basename(entry.module_file))
+    prepared_path = entry.prepared_module_in(journal.run_dir)
     os.makedirs(os.path.dirname(prepared_path), exist_ok=True)
     fsutil.atomic_write(prepared_path, prepared)
     entry.prepared_module = prepared_path
@@ -120,7 +120,7 @@ def _back_up_module(journal, entry):
         entry.old_module_sha256 = None
         return
     old = fsutil.read_regular(module_file, "module file")
-    backup = os.path.join(journal.run_dir, "backup", entry.name, os.path.basename(module_file))
+    backup = entry.module_backup_in(journal.run_dir)
     os.makedirs(os.path.dirname(backup), exist_ok=True)
     fsutil.atomic_write(backup, old)
     entry.module_backup = backup

@@ -1220,9 +1220,8 @@ def test_interrupted_lists_the_runs_that_resume_must_finish(runs, tmp_path):
             moved = tmp_path / "apps" / "modules" / "all" / "TinyOld" / "1.0.lua"
             journal = retire_journal(
                 runs,
-                f"run-{state.value}",
+                f"retire-{state.value}",
                 module_file=moved,
-                retired_to=tmp_path / "r.lua",
                 software_dir=tmp_path / "apps" / "software" / "TinyOld" / "1.0",
                 state=state,
             )
