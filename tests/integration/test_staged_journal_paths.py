@@ -244,6 +244,34 @@ def test_a_journal_moved_whole_to_another_tree_is_refused_when_the_tree_is_given
     assert (victim / "TinyApp" / f".1.0.{run_id}" / "PAYLOAD").read_text() == "precious\n"
 
 
+def test_a_journal_moved_whole_to_another_tree_acts_on_nothing_there_when_no_tree_is_given(
+    published, tmp_path
+):
+    """No tree given: the journal's own trees count, and the disk tells them apart. gc
+    removes only the directory the run left (its recorded inode), rollback exchanges only
+    the tree the run made live."""
+    site, run_id = published
+    victim = tmp_path / "victim"
+    for path in (victim / "TinyApp" / "1.0", victim / "TinyApp" / f".1.0.{run_id}"):
+        path.mkdir(parents=True)
+        (path / "PAYLOAD").write_text("precious\n")
+    _edit(_journal_of(site, run_id), lambda data: _victim_trees(data, site, victim, run_id))
+    roots = (site.software, site.modules, site.state_root, victim)
+    before = snapshot(*roots)
+    sibling = victim / "TinyApp" / f".1.0.{run_id}"
+
+    for command, why in (
+        (("gc", "--grace-hours", "0"), f"records {sibling}, which is not the tree the run left there"),
+        (("rollback", run_id), f"is no longer live at {victim / 'TinyApp' / '1.0'}"),
+    ):
+        done = site.run(*command)
+        assert done.returncode == 2, (command, done.stderr)
+        (line,) = done.stderr.splitlines()
+        assert line.startswith(PREFIX), line
+        assert why in line, line
+        assert snapshot(*roots) == before, command
+
+
 def test_an_intact_journal_passes_the_tree_check_when_its_tree_is_given(staged_site):
     site = staged_site
     run_id = _published(site)

@@ -75,6 +75,7 @@ def _collect_siblings(journal, now, grace, dry_run, report):
                 f"{entry.stable_path}; gc stops"
             )
         fsutil.refuse_symlink_components(sibling, stop_at=software)
+        _require_left_by_the_run(journal, entry)
         if not old_enough:
             report["kept"].append({"path": sibling, "run_id": journal.run_id, "why": "grace period"})
             continue
@@ -84,6 +85,19 @@ def _collect_siblings(journal, now, grace, dry_run, report):
     generation = journal.trees.generation(journal.run_id)
     if old_enough and not dry_run and os.path.isdir(generation) and not os.path.islink(generation):
         _remove_below(software, generation)
+
+
+def _require_left_by_the_run(journal, entry):
+    """The sibling must be the directory the run itself left there: the old live tree after
+    a swap (``live_ino``), the stage when none happened or it was reversed (``stage_ino``).
+    Its name alone is the journal's word: a journal whose trees and entries were all moved,
+    consistently, to another tree would otherwise hand gc that tree's hidden directory."""
+    recorded = {ino for ino in (entry.live_ino, entry.stage_ino) if ino is not None}
+    if os.lstat(entry.retired_path).st_ino not in recorded:
+        raise errors.JournalError(
+            f"run {journal.run_id} records {entry.retired_path}, which is not the tree the run left "
+            "there (neither the live nor the staged inode it recorded); gc stops"
+        )
 
 
 def _remove_below(software, path):
