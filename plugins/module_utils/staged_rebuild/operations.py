@@ -28,8 +28,8 @@ def exchange(entry, on_step=None):
 
 def write_module(entry):
     """Put the prepared module file live, keeping the live file's owner, mode and ACLs."""
-    with open(entry.prepared_module, "rb") as handle:
-        modulefile.replace_keeping_metadata(entry.module_file, handle.read())
+    prepared = fsutil.read_regular(entry.prepared_module, "prepared module file")
+    modulefile.replace_keeping_metadata(entry.module_file, prepared)
 
 
 def restore_module(entry):

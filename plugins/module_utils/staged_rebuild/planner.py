@@ -80,8 +80,7 @@ def check_live(entry):
     """Refuse the swap when a live file changed since the build started, naming the files."""
     if not entry.live_record:
         return
-    with open(entry.live_record, encoding="utf-8") as handle:
-        before = json.load(handle)
+    before = json.loads(fsutil.read_regular(entry.live_record, "live-change record"))
     changed = fsutil.changed_paths(before, fsutil.tree_digest(entry.stable_path))
     if changed:
         shown = ", ".join(changed[:10]) + (f" and {len(changed) - 10} more" if len(changed) > 10 else "")
