@@ -80,9 +80,12 @@ def _log_head(path):
     """The first bytes of the log ``path``, uncompressed: opened without following a link or
     blocking (a FIFO there would stop the comparison), and read only if it is a regular file."""
     fd = fsutil.open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK)
+    # Checked on the descriptor, before io makes a file object of it (which refuses a
+    # directory with an error of its own).
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise errors.UsageError(f"EasyBuild log {path} is not a regular file")
     with os.fdopen(fd, "rb") as raw:
-        if not stat.S_ISREG(os.fstat(raw.fileno()).st_mode):
-            raise errors.UsageError(f"EasyBuild log {path} is not a regular file")
         opener = _OPENERS.get(os.path.splitext(path)[1])
         if opener is None:
             return raw.read(_LOG_HEAD_BYTES)
