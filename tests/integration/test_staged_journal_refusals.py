@@ -12,9 +12,9 @@ are not objects; nesting 100 000 levels deep and 64 levels deep where a string b
 timestamps that are prose, numbers, impossible dates or without a time zone (the tool
 writes UTC with its offset, so a time without one is refused); unknown step kinds,
 statuses, states, kinds and schemas; duplicate keys; relative paths, paths with ``..``
-and absolute paths elsewhere than where the state root's runs put them; a run id that differs from its directory or is not a plain name; and raw bytes that
-are not a JSON object (invalid UTF-8, truncated, empty, an array, NaN, Infinity, trailing
-text).
+and absolute paths elsewhere than where the state root's runs put them; a run id that
+differs from its directory or is not a plain name; and raw bytes that are not a JSON object
+(invalid UTF-8, truncated, empty, an array, NaN, Infinity, trailing text).
 
 For each (variant, command) the matrix requires:
 
