@@ -633,7 +633,7 @@ class Journal:
             if _in_runs_dir(path):
                 if run.run_id != os.path.basename(os.path.dirname(path)):
                     raise records.RecordError(f"run_id {run.run_id!r} is not its directory's name")
-                run.check_paths(os.path.dirname(os.path.dirname(os.path.dirname(path))))
+                run.check_paths(os.path.abspath(os.path.dirname(os.path.dirname(os.path.dirname(path)))))
         except records.RecordError as err:
             raise errors.JournalError(f"journal {path}: {err}") from None
         return cls(path, run)
