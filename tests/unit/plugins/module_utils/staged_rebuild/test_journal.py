@@ -1585,3 +1585,12 @@ def test_journal_check_trees_names_the_journal(runs):
 
     assert str(raised.value).startswith(f"journal {journal.path}: trees.software ")
     assert raised.value.kind == "journal"
+
+
+def test_a_journal_named_by_a_relative_path_is_checked_against_its_absolute_state_root(
+    runs, tmp_path, monkeypatch
+):
+    journal = _create(runs)
+    monkeypatch.chdir(tmp_path)
+
+    assert journals.Journal.load(os.path.join("runs", "run1", "journal.json")).run == journal.run
