@@ -130,13 +130,7 @@ _PLANT = (
     "elif kind == 'symlink': os.symlink('/etc/passwd', path)\n"
     "else: server = socket.socket(socket.AF_UNIX); server.bind(path); server.close()\n"
 )
-# fsutil.read_regular makes a file object of the descriptor before its fstat, and io refuses a
-# directory with an IsADirectoryError of its own that names the descriptor, not the path.
-_DIRECTORY = pytest.param(
-    "directory",
-    marks=pytest.mark.xfail(strict=True, reason="read_regular: fstat comes after the file object"),
-)
-KINDS = ["fifo", _DIRECTORY, "socket", "symlink"]
+KINDS = ["fifo", "directory", "socket", "symlink"]
 
 
 def _refused_after_progress(done, *words):

@@ -113,7 +113,7 @@ class Template:
 
 
 def _dump(data) -> bytes:
-    """JSON as the tool writes a journal (``fsutil.atomic_write_json``)."""
+    """JSON with sorted keys, as the tool writes a journal (indented, as a hand-edited one may be)."""
     return (json.dumps(data, sort_keys=True, indent=2) + "\n").encode()
 
 

@@ -74,7 +74,7 @@ def test_a_file_where_the_generation_directory_goes_ends_the_run_failed_and_resu
         site, site.rebuild_args(APP, extra=("--run-id", "run1")), env={"FAKE_EB_ARGS_LOG": eb_log}
     )
 
-    assert "Not a directory" in refusal_line(done)
+    assert refusal_line(done) == f"eb-staged-rebuild: {blocker} is not a directory"
     assert site.snapshot() == before, "the live trees and the file in the way are as they were"
     journal = read_journal(site.state_root, "run1")
     assert (journal["state"], journal["refused"]) == ("failed", True)

@@ -1,35 +1,34 @@
-"""gc against a racing swapper: ``software/<Name>`` exchanged with a link to another tree.
+"""Every command against a racing swapper: a directory it walks exchanged with a link to a victim.
 
-A helper process swaps the live ``software/TinyApp`` directory and a symbolic link to a
-victim tree with ``renameat2(RENAME_EXCHANGE)`` in a tight loop, while ``gc --grace-hours 0``
-removes the run's hidden sibling ``.1.0.<run-id>``, again and again. The victim tree holds a
-directory of that same name. Each attempt must either remove the real sibling or be refused
-in one line, and not one byte of the victim tree may be written, moved or deleted: gc opens
-``software/TinyApp`` by descriptor without following a link and removes by descriptors below.
+A helper process (``tests.support.racing.Swapper``) swaps a directory of the trees and a
+symbolic link to a victim tree with ``renameat2(RENAME_EXCHANGE)`` in a tight loop, while
+the real commands run against the trees again and again:
+
+* ``software/<Name>``: ``gc --grace-hours 0`` removing a hidden sibling; rebuild, rollback
+  and resume, which exchange directories in it;
+* ``modules/all/<Name>``: retire and its rollback, which move the module file out and back;
+  rebuild, rollback and resume, which write, restore and remove module files there;
+* the state root's ``runs/`` and ``retired/``: retire and rollback, which create a run with
+  its journal and write it, and move the module file into and out of ``retired/``.
+
+Each attempt must complete or be refused in one line, and not one byte of the victim tree
+may be written, moved or deleted: every mutation is made through directory descriptors
+opened from the root without following a link (``fsutil.Directory``). When the swapper
+stops, the commands put the trees back exactly as they were: nothing was lost on the way.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
+from pathlib import Path
 
+import pytest
+
+from tests.support.racing import ATTEMPTS, Swapper, assert_completed_or_refused, runs_in
 from tests.support.staged import snapshot
 
 APP = "TinyApp/1.0"
-# 50 in `make test`; `make stress` sets 1,000.
-ATTEMPTS = int(os.environ.get("HPCSTACK_RACE_ATTEMPTS", "50"))
-
-# The swapper: exchange the two names until the stop file appears (glibc's renameat2).
-_SWAPPER = r"""
-import ctypes, os, sys
-libc = ctypes.CDLL(None, use_errno=True)
-AT_FDCWD, RENAME_EXCHANGE = -100, 2
-a, b, stop = (os.fsencode(arg) for arg in sys.argv[1:4])
-while not os.path.exists(stop):
-    libc.renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE)
-"""
 
 
 def _plant_sibling(real_fd, name):
@@ -59,38 +58,87 @@ def test_gc_never_deletes_in_another_tree_while_software_name_is_swapped_for_a_l
     (victim / "1.0").mkdir()
     (victim / "1.0" / "bin").write_text("another tree's program\n")
     victim_before = snapshot(victim.parent)
-    live_name = site.software / "TinyApp"
-    link_name = site.software / ".TinyApp-swap"
-    link_name.symlink_to(victim)
-    real_fd = os.open(live_name, os.O_RDONLY | os.O_DIRECTORY)
-    stop = tmp_path / "stop"
-    swapper = subprocess.Popen([sys.executable, "-c", _SWAPPER, str(live_name), str(link_name), str(stop)])
-    outcomes = {"removed": 0, "refused": 0}
-    try:
+    outcomes = {"completed": 0, "refused": 0}
+    with Swapper(site.software / "TinyApp", victim, tmp_path) as real_fd:
         for _attempt in range(ATTEMPTS):
             _plant_sibling(real_fd, sibling_name)
 
             done = site.run("--json", "gc", "--grace-hours", "0", timeout=60)
 
-            if done.returncode == 0:
-                outcomes["removed"] += 1
+            outcome = assert_completed_or_refused(done)
+            outcomes[outcome] += 1
+            if outcome == "completed":
                 assert sibling_name not in os.listdir(real_fd)
-            else:
-                assert done.returncode == 2, done.stderr
-                (line,) = done.stderr.splitlines()
-                assert line.startswith("eb-staged-rebuild: "), line
-                outcomes["refused"] += 1
-            assert "Traceback" not in done.stderr
             assert snapshot(victim.parent) == victim_before, f"victim changed after {outcomes}"
-    finally:
-        stop.touch()
-        swapper.wait(timeout=30)
-        if live_name.is_symlink():  # the swapper stopped with the link at the live name
-            os.rename(live_name, tmp_path / "parked")
-            os.rename(link_name, live_name)
-        os.close(real_fd)
-    print(f"gc against a racing swapper, {ATTEMPTS} attempts: {outcomes}")  # make stress shows it
+    print(f"gc against a racing swapper of software/TinyApp, {ATTEMPTS} attempts: {outcomes}")
     assert sum(outcomes.values()) == ATTEMPTS
-    assert not live_name.is_symlink()
-    assert live_name.is_dir()
+    assert (site.software / "TinyApp").is_dir()
+    assert not (site.software / "TinyApp").is_symlink()
     assert snapshot(victim.parent) == victim_before
+
+
+def _victim(tmp_path: Path, *files: str) -> Path:
+    """A tree of another owner, holding files of the names the commands write."""
+    victim = tmp_path / "victim"
+    for name in files:
+        (victim / name).parent.mkdir(parents=True, exist_ok=True)
+        (victim / name).write_text(f"another tree's {name}\n")
+    return victim
+
+
+def _pending_retires(runs_fd: int) -> list:
+    return [
+        run_id
+        for run_id, journal in sorted(runs_in(runs_fd).items())
+        if journal["kind"] == "retire" and journal["state"] in ("retiring", "retired")
+    ]
+
+
+def _retire_cycle(site, runs_fd: int):
+    """The next command of retire, rollback, retire, ...: roll back a retire that is not."""
+    pending = _pending_retires(runs_fd)
+    if pending:
+        return site.run("--json", "rollback", pending[0])
+    return site.run("--json", "retire", str(site.module_file(APP)), "--reason", "racing")
+
+
+@pytest.mark.parametrize("target", ["modules/all/TinyApp", "state/runs", "state/retired"])
+def test_retire_and_rollback_never_touch_another_tree_while_a_directory_they_walk_is_swapped(
+    staged_site, tmp_path, target
+):
+    site = staged_site
+    site.install(APP)
+    module_bytes = site.module_file(APP).read_bytes()
+    # One retire and its rollback before the race: runs/ and retired/ exist, as on a used site.
+    retired = site.run("--json", "retire", str(site.module_file(APP)), "--reason", "before the race")
+    assert retired.returncode == 0, retired.stderr
+    assert site.run("rollback", json.loads(retired.stdout)["run_id"]).returncode == 0
+    directory = {
+        "modules/all/TinyApp": site.modules_all / "TinyApp",
+        "state/runs": site.state_root / "runs",
+        "state/retired": site.state_root / "retired",
+    }[target]
+    victim = _victim(tmp_path, "1.0.lua", "journal.json", "retire-x/journal.json")
+    victim_before = snapshot(victim)
+    runs_fd = os.open(site.state_root / "runs", os.O_RDONLY | os.O_DIRECTORY)
+    outcomes = {"completed": 0, "refused": 0}
+    try:
+        with Swapper(directory, victim, tmp_path):
+            for _attempt in range(ATTEMPTS):
+                outcomes[assert_completed_or_refused(_retire_cycle(site, runs_fd))] += 1
+                assert snapshot(victim) == victim_before, f"victim changed after {outcomes}"
+        print(f"retire and rollback against a racing swapper of {target}, {ATTEMPTS} attempts: {outcomes}")
+        # Without the swapper, the runs left retired (or retiring) roll back: the module file
+        # is back, byte for byte, and no run is left half done.
+        pending = _pending_retires(runs_fd)
+        while pending:
+            done = site.run("rollback", pending[0])
+            assert done.returncode == 0, done.stderr
+            pending = _pending_retires(runs_fd)
+        states = {journal["state"] for journal in runs_in(runs_fd).values()}
+    finally:
+        os.close(runs_fd)
+    assert sum(outcomes.values()) == ATTEMPTS
+    assert snapshot(victim) == victim_before
+    assert site.module_file(APP).read_bytes() == module_bytes
+    assert states == {"rolled_back"}

@@ -1,8 +1,9 @@
 # Copyright: hpcstack.ops contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filesystem primitives of the staged rebuild: the directory exchange, durable replaces of
-files (``durable_replace`` and its two thin users), ``O_NOFOLLOW`` opens, symlink checks and
-the live-change record.
+files (``durable_replace`` and ``atomic_write``), ``O_NOFOLLOW`` opens, symlink checks, the
+live-change record, and ``Directory``: every mutation of a tree made through directory
+descriptors opened from a root checked once, without following a link.
 
 Standard library only; nothing runs at import time.
 """
@@ -13,7 +14,6 @@ import contextlib
 import ctypes
 import errno
 import hashlib
-import json
 import os
 import platform
 import stat
@@ -67,18 +67,21 @@ def _renameat2():
     return _renameat2_cache[0]
 
 
-def rename_exchange(path_a, path_b):
+def rename_exchange(path_a, path_b, dir_fd: Optional[int] = None, other_dir_fd: Optional[int] = None) -> None:
     """Swap the names ``path_a`` and ``path_b`` in one step (``renameat2(RENAME_EXCHANGE)``).
 
-    Both names must exist. Raises ``OSError`` with the kernel's errno: ``EXDEV`` across
-    mounts, ``EINVAL`` where the filesystem cannot exchange (FUSE, overlay lower layers),
-    ``ENOSYS`` where neither the C library nor the syscall table offers renameat2. Callers
-    pick their fallback from that errno.
+    Both names must exist; with ``dir_fd`` they are names in that directory descriptor
+    (``path_b`` in ``other_dir_fd`` when given: ``Directory.exchange``). Raises ``OSError``
+    with the kernel's errno: ``EXDEV`` across mounts, ``EINVAL`` where the filesystem
+    cannot exchange (FUSE, overlay lower layers), ``ENOSYS`` where neither the C library nor
+    the syscall table offers renameat2. Callers pick their fallback from that errno.
     """
     func = _renameat2()
     if func is None:
         raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS), path_a, None, path_b)
-    if func(_AT_FDCWD, os.fsencode(path_a), _AT_FDCWD, os.fsencode(path_b), RENAME_EXCHANGE) != 0:
+    at_a = _AT_FDCWD if dir_fd is None else dir_fd
+    at_b = at_a if other_dir_fd is None else other_dir_fd
+    if func(at_a, os.fsencode(path_a), at_b, os.fsencode(path_b), RENAME_EXCHANGE) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), path_a, None, path_b)
 
@@ -108,12 +111,18 @@ def fsync_dir(path) -> None:
     """
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
+        fsync_dir_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir_fd(fd: int) -> None:
+    """``fsync_dir`` of a directory already open as ``fd``, with the same rule."""
+    try:
         os.fsync(fd)
     except OSError as err:
         if err.errno not in DIR_SYNC_UNSUPPORTED:
             raise
-    finally:
-        os.close(fd)
 
 
 def open_nofollow(path, flags, mode=0o600):
@@ -144,16 +153,22 @@ def read_regular(path, what="file") -> bytes:
     refuses it, a socket's stand-in, a device or a directory, each with one line naming
     ``what`` and ``path``. A missing file stays ``FileNotFoundError``.
     """
-    fd = open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK)
+    return _read_regular_fd(open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK), what, os.fspath(path))
+
+
+def _read_regular_fd(fd: int, what: str, where: str) -> bytes:
+    """The bytes of the open ``fd`` if it is a regular file; closes it either way.
+
+    Checked on the descriptor before a file object is made of it: ``io`` refuses a
+    directory with an ``IsADirectoryError`` of its own, which is no one-line refusal."""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise errors.UsageError(f"{what} {where} is not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
     with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            raise errors.UsageError(f"{what} {os.fspath(path)} is not a regular file")
         return handle.read()
-
-
-def _refuse_symlink(path, what):
-    if os.path.islink(path):
-        raise errors.UsageError(f"{what} {os.fspath(path)} is a symbolic link; refusing to replace it")
 
 
 # O_EXCL with O_NOFOLLOW: a name that exists, even as a dangling symlink or a FIFO, is never
@@ -164,20 +179,172 @@ _TEMP_ATTEMPTS = 8
 _TEMP_STEM_CHARS = 64
 
 
-def _create_temp(directory: str, name: str) -> Tuple[int, str]:
-    """Create an unused, unpredictable name in ``directory``: (descriptor, path), mode 0600."""
+def _create_temp(directory_fd: int, name: str) -> Tuple[int, str]:
+    """Create an unused, unpredictable name in ``directory_fd``: (descriptor, name), mode 0600."""
     for _attempt in range(_TEMP_ATTEMPTS):
-        temp = os.path.join(directory, f".{name[:_TEMP_STEM_CHARS]}.{os.urandom(8).hex()}.tmp")
+        temp = f".{name[:_TEMP_STEM_CHARS]}.{os.urandom(8).hex()}.tmp"
         try:
-            return os.open(temp, _TEMP_FLAGS, 0o600), temp
+            return os.open(temp, _TEMP_FLAGS, 0o600, dir_fd=directory_fd), temp
         except FileExistsError:
             continue  # 64 random bits taken already: someone is filling the directory; try again
-    raise FileExistsError(errno.EEXIST, f"no unused temporary name for {name} in {directory}")
+    raise FileExistsError(errno.EEXIST, f"no unused temporary name for {name}")
+
+
+class Directory:
+    """A directory held by its descriptor; every operation names an entry relative to it.
+
+    This is how eb-staged-rebuild mutates a tree that other users may write: the directory
+    is opened once, from a root checked once, component by component without following a
+    link (``Directory.open(path, root)``), and every delete, rename, exchange, durable write
+    and mkdir in it is made through the descriptor. A component swapped for a symlink after
+    any check makes the open fail with one line (``open_dir_at``); once open, the descriptor
+    stays on the directory that was checked, whatever its name comes to point at, so no
+    operation can reach another tree.
+
+    ``path`` is kept for messages only; nothing is ever resolved through it again.
+    """
+
+    def __init__(self, fd: int, path: str) -> None:
+        self.fd = fd
+        self.path = path
+
+    @classmethod
+    def open(cls, path, root=None, create_mode: Optional[int] = None) -> Directory:
+        """The directory ``path``, opened below the trusted ``root`` without following a link.
+
+        ``root`` itself may be a link (a site may keep its software root behind one, as
+        ``refuse_symlink_components``'s ``stop_at`` allows); a ``path`` not under ``root`` or
+        with ``..`` below it is refused. Without ``root`` the whole of ``path`` is trusted
+        (tests, and callers that checked it themselves). With ``create_mode``, missing
+        components below ``root`` are made with that mode (``os.makedirs``, by descriptor).
+        """
+        path = os.fspath(path)
+        if root is None:
+            return cls(os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), path)
+        root = os.fspath(root)
+        parts, top = _components(path), _components(root)
+        if parts[: len(top)] != top:
+            raise errors.UsageError(f"{path} is not under {root}")
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        where = root
+        try:
+            for name in parts[len(top) :]:
+                if name == "..":
+                    raise errors.UsageError(f"{path} leaves {root}")
+                where = os.path.join(where, name)
+                if create_mode is not None:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(name, create_mode, dir_fd=fd)
+                child = open_dir_at(fd, name, where)
+                os.close(fd)
+                fd = child
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(fd, path)
+
+    def __enter__(self) -> Directory:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        os.close(self.fd)
+
+    def join(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def lstat(self, name: str) -> Optional[os.stat_result]:
+        """The entry ``name`` as it is (a link not followed), or None when there is none."""
+        try:
+            return os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+
+    def sub(self, name: str) -> Directory:
+        """The directory ``name`` in this one, never through a link."""
+        return Directory(open_dir_at(self.fd, name, self.join(name)), self.join(name))
+
+    def mkdir(self, name: str, mode: int = 0o755) -> None:
+        os.mkdir(name, mode, dir_fd=self.fd)
+
+    def unlink(self, name: str) -> None:
+        os.unlink(name, dir_fd=self.fd)
+
+    def rmdir(self, name: str) -> None:
+        os.rmdir(name, dir_fd=self.fd)
+
+    def symlink(self, target: str, name: str) -> None:
+        os.symlink(target, name, dir_fd=self.fd)
+
+    def rename(self, name: str, target: Directory, target_name: str) -> None:
+        """``name`` here becomes ``target_name`` in ``target`` (this directory or another)."""
+        os.rename(name, target_name, src_dir_fd=self.fd, dst_dir_fd=target.fd)
+
+    def exchange(self, name_a: str, name_b: str) -> None:
+        """Swap two names of this directory in one step (``rename_exchange``)."""
+        try:
+            rename_exchange(name_a, name_b, dir_fd=self.fd)
+        except OSError as err:
+            raise OSError(err.errno, err.strerror, self.join(name_a), None, self.join(name_b)) from None
+
+    def sync(self) -> None:
+        """Flush this directory's entries (``fsync_dir``'s rule)."""
+        fsync_dir_fd(self.fd)
+
+    def read_regular(self, name: str, what: str = "file") -> bytes:
+        """``read_regular`` of the entry ``name``: no link followed, no FIFO waited on."""
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                raise errors.UsageError(
+                    f"{what} {self.join(name)} is a symbolic link; refusing to follow it"
+                ) from None
+            raise
+        return _read_regular_fd(fd, what, self.join(name))
+
+    def remove_tree(self, name: str) -> None:
+        """Remove the directory ``name`` and all it holds, by descriptors (``remove_tree_at``)."""
+        remove_tree_at(self.fd, name, self.join(name))
+
+    @contextlib.contextmanager
+    def replace(
+        self, name: str, mode: Optional[int] = 0o644, *, text: bool = False, encoding: str = "utf-8"
+    ) -> Iterator[IO[Any]]:
+        """``durable_replace`` of the entry ``name`` of this directory."""
+        info = self.lstat(name)
+        if info is not None and stat.S_ISLNK(info.st_mode):
+            raise errors.UsageError(f"target {self.join(name)} is a symbolic link; refusing to replace it")
+        fd, temp = _create_temp(self.fd, name)
+        try:
+            stream = os.fdopen(fd, "w" if text else "wb", encoding=encoding if text else None)
+        except BaseException:
+            os.close(fd)
+            os.unlink(temp, dir_fd=self.fd)
+            raise
+        try:
+            with stream:
+                yield stream
+                stream.flush()
+                if mode is not None:
+                    os.fchmod(stream.fileno(), mode)
+                os.fsync(stream.fileno())
+            os.replace(temp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp, dir_fd=self.fd)
+            raise
+        self.sync()
+
+
+def parent_of(path, root=None) -> Tuple[Directory, str]:
+    """(the directory holding ``path``, opened as ``Directory.open`` does, and its last name)."""
+    directory, name = os.path.split(os.path.abspath(path))
+    return Directory.open(directory, root), name
 
 
 @contextlib.contextmanager
 def durable_replace(
-    path, mode: Optional[int] = 0o644, *, text: bool = False, encoding: str = "utf-8"
+    path, mode: Optional[int] = 0o644, *, text: bool = False, encoding: str = "utf-8", root=None
 ) -> Iterator[IO[Any]]:
     """``with durable_replace(path) as stream:`` write the new contents of ``path`` to ``stream``;
     at the end of the block they replace the file, so that a reader or a crash sees either the
@@ -207,6 +374,10 @@ def durable_replace(
        rename itself is durable when the block ends, which is what a journal written next
        relies on.
 
+    Every step is made relative to the descriptor of ``path``'s directory, opened once
+    (``Directory.open``): below ``root``, when given, without following a link, so a
+    directory swapped for a link meanwhile makes it fail instead of writing elsewhere.
+
     On any error up to and including the rename, raised in the block or by a step
     (``BaseException`` too: an interrupt, ``Terminated``), the temporary file is closed and
     unlinked and the error raised again; ``path`` is untouched. An error in step 6 is
@@ -214,50 +385,18 @@ def durable_replace(
 
     A symlink at ``path`` is refused with ``UsageError`` before anything is created:
     ``os.replace`` would replace the link, not its target, and a link there means someone
-    else arranged the name. Symlinks in the directories above are the caller's check
-    (``refuse_symlink_components``).
+    else arranged the name.
     """
-    _refuse_symlink(path, "target")
-    directory, name = os.path.split(os.path.abspath(path))
-    fd, temp = _create_temp(directory, name)
-    try:
-        stream = os.fdopen(fd, "w" if text else "wb", encoding=encoding if text else None)
-    except BaseException:
-        os.close(fd)
-        os.unlink(temp)
-        raise
-    try:
-        with stream:
-            yield stream
-            stream.flush()
-            if mode is not None:
-                os.fchmod(stream.fileno(), mode)
-            os.fsync(stream.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
-    fsync_dir(directory)
+    directory, name = parent_of(path, root)
+    with directory, directory.replace(name, mode, text=text, encoding=encoding) as stream:
+        yield stream
 
 
-def atomic_write(path, data: bytes, mode: int = 0o644) -> None:
+def atomic_write(path, data: bytes, mode: int = 0o644, root=None) -> None:
     """Replace the file ``path`` with ``data`` (bytes) through ``durable_replace``: the old
     contents or the new, never a mix; ``mode`` whatever the umask. ``TypeError`` for ``str``."""
-    with durable_replace(path, mode) as stream:
+    with durable_replace(path, mode, root=root) as stream:
         stream.write(data)
-
-
-def atomic_write_json(path, obj, mode: int = 0o644) -> None:
-    """``durable_replace`` of ``path`` with ``obj`` as JSON: sorted keys, indented, ending in a newline.
-
-    Sorted keys make two writes of the same state byte-identical, so a journal can be compared
-    and diffed; the newline keeps ``cat`` and line tools honest. ``obj`` is serialised before
-    anything is created, so an object JSON cannot encode leaves no temporary file behind.
-    """
-    text = json.dumps(obj, sort_keys=True, indent=2) + "\n"
-    with durable_replace(path, mode, text=True) as stream:
-        stream.write(text)
 
 
 def _components(path):
@@ -278,33 +417,15 @@ def open_dir_at(parent_fd: int, name: str, where: str) -> int:
     try:
         return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
     except OSError as err:
-        if err.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise errors.UsageError(
-                f"{where} is not a directory (a symbolic link?); refusing to follow it"
-            ) from None
-        raise
-
-
-def open_dir_chain(root: str, relative: str) -> int:
-    """``root/relative`` opened component by component from ``root``; the caller closes it.
-
-    ``root`` itself is trusted, as ``refuse_symlink_components``'s ``stop_at`` is (a site may
-    keep its software root behind a link); every component below it is opened without
-    following one."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    where = root
-    try:
-        for name in [part for part in relative.split("/") if part not in ("", ".")]:
-            if name == "..":
-                raise errors.UsageError(f"{os.path.join(root, relative)} leaves {root}")
-            where = os.path.join(where, name)
-            child = open_dir_at(fd, name, where)
-            os.close(fd)
-            fd = child
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+        if err.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        try:
+            is_link = stat.S_ISLNK(os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_mode)
+        except OSError:
+            is_link = False  # gone again: say what the open found
+        if is_link or err.errno == errno.ELOOP:
+            raise errors.UsageError(f"{where} is a symbolic link; refusing to follow it") from None
+        raise errors.UsageError(f"{where} is not a directory") from None
 
 
 def remove_tree_at(parent_fd: int, name: str, where: str) -> None:
@@ -330,6 +451,35 @@ def remove_tree_at(parent_fd: int, name: str, where: str) -> None:
     finally:
         os.close(fd)
     os.rmdir(name, dir_fd=parent_fd)
+
+
+def rename(source, destination, root) -> None:
+    """A durable rename of ``source`` to ``destination``, both below ``root``: each parent
+    opened from ``root`` without following a link, the rename made between the two
+    descriptors, then both flushed."""
+    source_dir, source_name = parent_of(source, root)
+    with source_dir:
+        destination_dir, destination_name = parent_of(destination, root)
+        with destination_dir:
+            source_dir.rename(source_name, destination_dir, destination_name)
+            destination_dir.sync()
+            source_dir.sync()
+
+
+def makedirs(path, root, mode: int = 0o755) -> None:
+    """``os.makedirs(path, mode, exist_ok=True)`` below ``root``, by descriptors: a component
+    that is a link is refused, never made through (``Directory.open``'s ``create_mode``)."""
+    with Directory.open(path, root, create_mode=mode):
+        pass
+
+
+def remove_tree(path, root=None) -> None:
+    """Remove the directory ``path`` and all it holds, by descriptors from ``root`` down
+    (``Directory.open``, then ``remove_tree_at``): a link swapped in at any component, above
+    ``path`` or inside it, makes the removal fail and never reaches another tree."""
+    parent, name = parent_of(path, root)
+    with parent:
+        parent.remove_tree(name)
 
 
 def refuse_symlink_components(path, stop_at=None):

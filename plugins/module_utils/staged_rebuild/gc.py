@@ -80,11 +80,11 @@ def _collect_siblings(journal, now, grace, dry_run, report):
             report["kept"].append({"path": sibling, "run_id": journal.run_id, "why": "grace period"})
             continue
         if not dry_run:
-            _remove_below(software, sibling)
+            fsutil.remove_tree(sibling, root=software)
         report["removed"].append({"path": sibling, "run_id": journal.run_id})
     generation = journal.trees.generation(journal.run_id)
     if old_enough and not dry_run and os.path.isdir(generation) and not os.path.islink(generation):
-        _remove_below(software, generation)
+        fsutil.remove_tree(generation, root=software)
 
 
 def _require_left_by_the_run(journal, entry):
@@ -98,18 +98,6 @@ def _require_left_by_the_run(journal, entry):
             f"run {journal.run_id} records {entry.retired_path}, which is not the tree the run left "
             "there (neither the live nor the staged inode it recorded); gc stops"
         )
-
-
-def _remove_below(software, path):
-    """Remove the directory ``path`` under ``software`` by descriptors opened from the root
-    down: ``software/Name`` swapped for a link to another tree after the check above makes
-    the removal fail in one line, and it never deletes anything in that other tree."""
-    parent, name = os.path.split(os.path.relpath(path, software))
-    parent_fd = fsutil.open_dir_chain(software, parent)
-    try:
-        fsutil.remove_tree_at(parent_fd, name, path)
-    finally:
-        os.close(parent_fd)
 
 
 def _report_retired(journal, roots, now, grace, report):

@@ -51,10 +51,8 @@ import enum
 import errno
 import json
 import os
-import shutil
 import signal
 import stat
-import tempfile
 from typing import Any, ContextManager, Dict, Iterator, List, Optional
 
 from ..common import errors
@@ -247,16 +245,17 @@ class ModuleEntry:
             module_file=AbsPath(module_paths.module_file()),
         )
 
-    # Where a run keeps this module's files in its run directory: the planner writes them
-    # there, and a loaded journal that names any other place is refused (``check_paths``).
-    def live_record_in(self, run_dir: str) -> str:
-        return os.path.join(run_dir, "live", self.name, self.version + ".json")
+    # Where a run keeps this module's files in its run directory (relative to it): the
+    # planner writes them there, and a loaded journal that names any other place is
+    # refused (``check_paths``).
+    def live_record_name(self) -> str:
+        return os.path.join("live", self.name, self.version + ".json")
 
-    def prepared_module_in(self, run_dir: str) -> str:
-        return os.path.join(run_dir, "prepared", self.name, os.path.basename(self.module_file))
+    def prepared_module_name(self) -> str:
+        return os.path.join("prepared", self.name, os.path.basename(self.module_file))
 
-    def module_backup_in(self, run_dir: str) -> str:
-        return os.path.join(run_dir, "backup", self.name, os.path.basename(self.module_file))
+    def module_backup_name(self) -> str:
+        return os.path.join("backup", self.name, os.path.basename(self.module_file))
 
     def check_paths(self, where: str, trees: paths.Trees, run_id: str, run_dir: str, state_root: str) -> None:
         """Every path of the entry is where this run put it, with no link on the way there."""
@@ -277,9 +276,9 @@ class ModuleEntry:
         _require_no_link(f"{where}.retired_path", self.retired_path, trees.software)
         _require_no_link(f"{where}.module_file", self.module_file, trees.modules)
         for field, place in (
-            ("live_record", self.live_record_in(run_dir)),
-            ("prepared_module", self.prepared_module_in(run_dir)),
-            ("module_backup", self.module_backup_in(run_dir)),
+            ("live_record", os.path.join(run_dir, self.live_record_name())),
+            ("prepared_module", os.path.join(run_dir, self.prepared_module_name())),
+            ("module_backup", os.path.join(run_dir, self.module_backup_name())),
         ):
             value = getattr(self, field)
             if value is not None:
@@ -568,9 +567,20 @@ class Journal:
         only a hidden leftover that ``run_journals`` skips. ``os.rename`` onto a non-empty
         directory fails (ENOTEMPTY/EEXIST); onto an empty one it would succeed, so an existing
         name is refused before, under the lock every creator holds.
+
+        Every step is made through the descriptor of ``runs_dir``, opened from the state root
+        without following a link (``fsutil.Directory``): a ``runs`` swapped for a link cannot
+        take the run into another tree.
         """
-        run_dir = os.path.join(runs_dir, run_id)
-        if os.path.lexists(run_dir):
+        with fsutil.Directory.open(runs_dir, os.path.dirname(runs_dir)) as runs:
+            return cls._create_in(runs, run_id, kind, state, fields)
+
+    @classmethod
+    def _create_in(
+        cls, runs: fsutil.Directory, run_id: str, kind: RunKind, state: RunState, fields: Dict[str, Any]
+    ) -> Journal:
+        run_dir = runs.join(run_id)
+        if runs.lstat(run_id) is not None:
             raise _exists_already(run_id, run_dir)
         stamp = now()
         request = fields.get("request")
@@ -587,27 +597,25 @@ class Journal:
             steps=[],
             **fields,
         )
-        temp = tempfile.mkdtemp(prefix=CREATING, dir=runs_dir)  # mode 0700, an unpredictable name
+        temp = CREATING + os.urandom(8).hex()  # an unpredictable name; mkdir fails on a planted one
         try:
-            journal = cls(os.path.join(temp, JOURNAL), run)
-            try:
-                journal.save()
-            except OSError as err:
+            runs.mkdir(temp, 0o700)
+            journal = cls(os.path.join(runs.join(temp), JOURNAL), run)
+            journal.save()
+            runs.rename(temp, runs, run_id)
+        except BaseException as err:
+            with contextlib.suppress(OSError):
+                runs.remove_tree(temp)
+            if isinstance(err, OSError) and err.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                raise _exists_already(run_id, run_dir) from None
+            if isinstance(err, OSError):
                 raise errors.JournalError(
-                    f"cannot write the first journal of run {run_id} in {runs_dir}: {err.strerror}; "
+                    f"cannot write the first journal of run {run_id} in {runs.path}: {err.strerror}; "
                     "no run was created"
                 ) from None
-            try:
-                os.rename(temp, run_dir)
-            except OSError as err:
-                if err.errno in (errno.ENOTEMPTY, errno.EEXIST):
-                    raise _exists_already(run_id, run_dir) from None
-                raise
-        except BaseException:
-            shutil.rmtree(temp, ignore_errors=True)
             raise
         journal.path = os.path.join(run_dir, JOURNAL)
-        fsutil.fsync_dir(runs_dir)
+        runs.sync()
         return journal
 
     @classmethod
@@ -645,10 +653,25 @@ class Journal:
         except records.RecordError as err:
             raise errors.JournalError(f"journal {self.path}: {err}") from None
 
+    @property
+    def state_root(self) -> str:
+        """``<state-root>`` of ``<state-root>/runs/<run-id>/journal.json``."""
+        return os.path.dirname(os.path.dirname(self.run_dir))
+
+    def write_file(self, relative: str, data: bytes) -> str:
+        """Write ``data`` durably to ``<run-dir>/<relative>`` (a record of the run: the
+        live-change record, a prepared module file, a backup) and return its path; the
+        directories are opened, or made, from the state root without following a link."""
+        path = os.path.join(self.run_dir, relative)
+        fsutil.makedirs(os.path.dirname(path), root=self.state_root, mode=0o755)
+        fsutil.atomic_write(path, data, root=self.state_root)
+        return path
+
     def save(self) -> None:
         self.run.updated = now()
         data = json.dumps(records.dump(self.run), sort_keys=True).encode("utf-8")
-        fsutil.atomic_write(self.path, data)
+        # runs/ and runs/<run-id> are opened from the state root without following a link.
+        fsutil.atomic_write(self.path, data, root=self.state_root)
 
     def set_state(self, state: RunState) -> None:
         self.run.state = state

@@ -33,7 +33,7 @@ class LedgerConfig:
 def load_config(path):
     """The ledger configuration in the file ``path`` (the ``ledger_config`` setting)."""
     try:
-        document = json.loads(fsutil.read_regular(path, "ledger configuration"))
+        document = json.loads(fsutil.read_regular(path, setting("ledger_config")))
     except OSError as err:
         raise errors.UsageError(f"cannot read {setting('ledger_config')} {path}: {err.strerror}") from None
     except ValueError:

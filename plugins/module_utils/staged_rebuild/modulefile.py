@@ -637,10 +637,10 @@ def _differences(actual, wanted):
     return names
 
 
-def _publish(path, data, wanted):
+def _publish(path, data, wanted, root):
     """Put ``data`` at ``path`` with the metadata ``wanted``; see ``replace_keeping_metadata``."""
     path = os.fspath(path)
-    with fsutil.durable_replace(path, mode=None) as stream:
+    with fsutil.durable_replace(path, mode=None, root=root) as stream:
         stream.write(data)
         # Into the kernel before the owner and mode: a write that reaches the file after a
         # chmod clears the setuid and setgid bits the chmod set.
@@ -670,7 +670,7 @@ def _refuse_symlink(path):
         raise errors.UsageError(f"module file {os.fspath(path)} is a symbolic link; refusing to replace it")
 
 
-def replace_keeping_metadata(path, data):
+def replace_keeping_metadata(path, data, root=None):
     """Replace the module file ``path`` with ``data`` (bytes), keeping its owner, mode and ACLs.
 
     The order is ``fsutil.durable_replace``'s: a temporary file in the same directory (a
@@ -686,24 +686,26 @@ def replace_keeping_metadata(path, data):
     Any error before the replace unlinks the temp file and leaves ``path`` untouched, bytes
     and metadata. When ``path`` does not exist it is created with mode 0644. A symlink at
     ``path`` (even a dangling one) or a non-regular file is refused with ``UsageError``.
+
+    With ``root`` (the module root), the directory of ``path`` is opened from it without
+    following a link, and the replace is made through its descriptor (``fsutil.Directory``).
     """
     _refuse_symlink(path)
     wanted = read_metadata(path) if os.path.lexists(path) else _new_file_metadata()
-    _publish(path, data, wanted)
+    _publish(path, data, wanted, root)
 
 
-def restore_file(backup_path, path, metadata=None):
+def restore_file(backup_path, path, metadata=None, root=None):
     """Put the backed-up module file ``backup_path`` back at ``path``, as ``replace_keeping_metadata``.
 
     The metadata is ``metadata`` when given (a ``read_metadata`` record of the file the
     backup was taken from), else that of the file now at ``path`` (the new module file,
     which kept the old one's), else the new-file mode 0644. A symlink at ``backup_path`` or
-    ``path`` is refused with ``UsageError``.
+    ``path``, or a backup that is not a regular file, is refused with ``UsageError``;
+    ``root`` is ``replace_keeping_metadata``'s.
     """
     _refuse_symlink(path)
-    fd = fsutil.open_nofollow(backup_path, os.O_RDONLY)
-    with os.fdopen(fd, "rb") as stream:
-        data = stream.read()
+    data = fsutil.read_regular(backup_path, "module file backup")
     if metadata is not None:
         wanted = {
             "uid": metadata.get("uid"),
@@ -715,4 +717,4 @@ def restore_file(backup_path, path, metadata=None):
         wanted = read_metadata(path)
     else:
         wanted = _new_file_metadata()
-    _publish(path, data, wanted)
+    _publish(path, data, wanted, root)

@@ -13,32 +13,36 @@ from __future__ import annotations
 import binascii
 import contextlib
 import os
-import shutil
 import stat
-import sys
 
 from ..common import errors
 from . import fsutil, modulefile, swap
 
 
-def exchange(entry, on_step=None):
-    """Swap the staged sibling and the live directory; the sibling then holds the other tree."""
-    return swap.exchange(entry.retired_path, entry.stable_path, on_step=on_step)
+def exchange(trees, entry, on_step=None):
+    """Swap the staged sibling and the live directory; the sibling then holds the other tree.
+
+    Both names are in ``software/<Name>``, opened from the software root without following a
+    link (``swap.exchange``'s ``root``)."""
+    return swap.exchange(entry.retired_path, entry.stable_path, on_step=on_step, root=trees.software)
 
 
-def write_module(entry):
+def write_module(trees, entry):
     """Put the prepared module file live, keeping the live file's owner, mode and ACLs."""
-    prepared = fsutil.read_regular(entry.prepared_module, "prepared module file")
-    modulefile.replace_keeping_metadata(entry.module_file, prepared)
+    data = fsutil.read_regular(entry.prepared_module, "prepared module file")
+    modulefile.replace_keeping_metadata(entry.module_file, data, root=trees.modules)
 
 
-def restore_module(entry):
+def restore_module(trees, entry):
     """Put the backed-up module file back; remove the new one when there was none before."""
     if entry.module_backup:
-        modulefile.restore_file(entry.module_backup, entry.module_file)
-    elif os.path.lexists(entry.module_file):
-        os.unlink(entry.module_file)
-        fsutil.fsync_dir(os.path.dirname(entry.module_file))
+        modulefile.restore_file(entry.module_backup, entry.module_file, root=trees.modules)
+        return
+    directory, name = fsutil.parent_of(entry.module_file, trees.modules)
+    with directory:
+        if directory.lstat(name) is not None:
+            directory.unlink(name)
+            directory.sync()
 
 
 def class_link_path(trees, entry, module_class):
@@ -62,67 +66,51 @@ def set_class_link(trees, entry, module_class):
     """
     previous = current_class_link(trees, entry, module_class)
     if previous != entry.module_file:
-        _replace_link(class_link_path(trees, entry, module_class), entry.module_file)
+        _replace_link(trees, class_link_path(trees, entry, module_class), entry.module_file)
     return previous
 
 
 def restore_class_link(trees, entry, module_class, previous):
     link = class_link_path(trees, entry, module_class)
     if previous is None:
-        if os.path.islink(link):
-            os.unlink(link)
-            fsutil.fsync_dir(os.path.dirname(link))
+        directory, name = fsutil.parent_of(link, trees.modules)
+        with directory:
+            info = directory.lstat(name)
+            if info is not None and stat.S_ISLNK(info.st_mode):
+                directory.unlink(name)
+                directory.sync()
     elif not os.path.islink(link) or os.readlink(link) != previous:
-        _replace_link(link, previous)
+        _replace_link(trees, link, previous)
 
 
-def _replace_link(link, target):
-    """Replace ``link`` by a symlink to ``target`` in one rename (a temp name, then os.replace)."""
-    directory = os.path.dirname(link)
-    os.makedirs(directory, exist_ok=True)
-    # A random name: symlink() fails rather than follow or reuse an existing entry.
-    temp = os.path.join(
-        directory, f".{os.path.basename(link)}.{binascii.hexlify(os.urandom(8)).decode()}.tmp"
-    )
-    os.symlink(target, temp)
-    try:
-        os.replace(temp, link)
-    except BaseException:
-        if os.path.lexists(temp):
-            os.unlink(temp)
-        raise
-    fsutil.fsync_dir(directory)
+def _replace_link(trees, link, target):
+    """Replace ``link`` by a symlink to ``target`` in one rename (a random temporary name,
+    then a rename onto the link), in ``modules/<class>/<Name>`` opened from the module root
+    without following a link and made when missing."""
+    with fsutil.Directory.open(os.path.dirname(link), trees.modules, create_mode=0o755) as directory:
+        name = os.path.basename(link)
+        # A random name: symlink() fails rather than follow or reuse an existing entry.
+        temp = f".{name}.{binascii.hexlify(os.urandom(8)).decode()}.tmp"
+        directory.symlink(target, temp)
+        try:
+            directory.rename(temp, directory, name)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                directory.unlink(temp)
+            raise
+        directory.sync()
 
 
-def remove_tree(path):
-    """Remove the tree ``path`` (never following links), sealed directories included.
-
-    A sealed install (``--read-only-installdir``) has directories without owner write: a
-    directory inside the tree gets that bit back and the removal is tried again. Nothing
-    outside the tree is changed, and any other error is raised.
-    """
-    root = os.path.abspath(path)
-
-    def unseal_and_retry(function, failed, error):
-        error = error if isinstance(error, BaseException) else error[1]  # onerror passes exc_info
-        parent = os.path.dirname(failed)
-        inside = parent == root or parent.startswith(root + "/")
-        if not isinstance(error, PermissionError) or function is os.path.islink or not inside:
-            raise error
-        os.chmod(parent, stat.S_IMODE(os.lstat(parent).st_mode) | stat.S_IWUSR | stat.S_IXUSR)
-        function(failed)
-
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(root, onexc=unseal_and_retry)
-    else:
-        shutil.rmtree(root, onerror=unseal_and_retry)
-
-
-def remove_generation(generation):
-    with contextlib.suppress(OSError):
-        remove_tree(generation)
-    with contextlib.suppress(OSError):
-        os.rmdir(os.path.dirname(generation))  # only when no other run's generation is there
+def remove_generation(trees, generation):
+    """Remove the run's build area as far as the disk lets it; gc takes what stays. A
+    refusal (a link or a file where a directory goes) leaves that entry alone as well."""
+    with contextlib.suppress(OSError, errors.UsageError):
+        fsutil.remove_tree(generation, root=trees.software)
+    with contextlib.suppress(OSError, errors.UsageError):
+        # Only when no other run's generation is there.
+        directory, name = fsutil.parent_of(os.path.dirname(generation), trees.software)
+        with directory:
+            directory.rmdir(name)
 
 
 def _still_staged(entry):
@@ -140,7 +128,8 @@ def discard_stage(journal, generation):
 
     A sibling is removed only if it is still the staged inode this run moved there.
     """
+    trees = journal.trees
     for entry in journal.modules:
         if _still_staged(entry):
-            remove_tree(entry.retired_path)
-    remove_generation(generation)
+            fsutil.remove_tree(entry.retired_path, root=trees.software)
+    remove_generation(trees, generation)

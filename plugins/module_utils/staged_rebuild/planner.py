@@ -70,10 +70,8 @@ def record_live(journal, entry, skip):
     if skip:
         entry.live_record = None
         return
-    record_path = entry.live_record_in(journal.run_dir)
-    os.makedirs(os.path.dirname(record_path), exist_ok=True)
-    fsutil.atomic_write_json(record_path, fsutil.tree_digest(entry.stable_path))
-    entry.live_record = record_path
+    digest = json.dumps(fsutil.tree_digest(entry.stable_path), sort_keys=True, indent=2) + "\n"
+    entry.live_record = journal.write_file(entry.live_record_name(), digest.encode("utf-8"))
 
 
 def check_live(entry):
@@ -103,10 +101,7 @@ def _prepare_module(journal, entry, staged_install, staged_module):
             f"module file {staged_module} names root {built_root}, not the staged install {staged_install}"
         )
     prepared = modulefile.encode(modulefile.with_root(text, entry.stable_path))
-    prepared_path = entry.prepared_module_in(journal.run_dir)
-    os.makedirs(os.path.dirname(prepared_path), exist_ok=True)
-    fsutil.atomic_write(prepared_path, prepared)
-    entry.prepared_module = prepared_path
+    entry.prepared_module = journal.write_file(entry.prepared_module_name(), prepared)
     entry.new_module_sha256 = modulefile.module_hash(prepared)
 
 
@@ -119,10 +114,7 @@ def _back_up_module(journal, entry):
         entry.old_module_sha256 = None
         return
     old = fsutil.read_regular(module_file, "module file")
-    backup = entry.module_backup_in(journal.run_dir)
-    os.makedirs(os.path.dirname(backup), exist_ok=True)
-    fsutil.atomic_write(backup, old)
-    entry.module_backup = backup
+    entry.module_backup = journal.write_file(entry.module_backup_name(), old)
     entry.old_module_sha256 = modulefile.module_hash(old)
 
 
@@ -188,9 +180,7 @@ def plan(journal, trees, generation, *, prepare=None, env=None):
 
         with journal.step(StepKind.STAGE_MOVE, entry):
             with owner_write_window(staged_install):
-                os.rename(staged_install, entry.retired_path)
-            fsutil.fsync_dir(os.path.dirname(staged_install))
-            fsutil.fsync_dir(os.path.dirname(entry.retired_path))
+                fsutil.rename(staged_install, entry.retired_path, root=trees.software)
             entry.stage_ino = os.lstat(entry.retired_path).st_ino
             entry.live_ino = os.lstat(entry.stable_path).st_ino
 

@@ -29,13 +29,13 @@ def _apply(transaction: Transaction, trees: Trees) -> None:
         transaction.run(
             step_name(StepKind.SWAP, entry),
             partial(exchange_journaled, journal, entry),
-            partial(operations.exchange, entry),
+            partial(operations.exchange, trees, entry),
         )
     for entry in journal.modules:
         transaction.run(
             step_name(StepKind.MODULE, entry),
-            partial(operations.write_module, entry),
-            partial(operations.restore_module, entry),
+            partial(operations.write_module, trees, entry),
+            partial(operations.restore_module, trees, entry),
         )
         for module_class in entry.class_links:
             # What the link was is journaled (with the step) before the link changes, so that a

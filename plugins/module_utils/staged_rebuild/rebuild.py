@@ -17,7 +17,19 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from ..common import errors
 from ..common.errors import setting
-from . import backends, buildrun, easybuild, locking, operations, paths, planner, probe, publish, relocate
+from . import (
+    backends,
+    buildrun,
+    easybuild,
+    fsutil,
+    locking,
+    operations,
+    paths,
+    planner,
+    probe,
+    publish,
+    relocate,
+)
 from . import journal as journals
 from .faults import Faults
 from .journal import Journal, ModuleEntry, RunKind, RunState, StepKind
@@ -116,7 +128,7 @@ def end_failed(journal: Journal, generation: str, err: BaseException) -> None:
     naming ``err`` too, and the run stays as the disk has it (resume finds it interrupted).
     """
     # A read-only or full disk may keep some of it: gc removes a finished run's generation.
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, errors.UsageError):
         operations.discard_stage(journal, generation)
     on_disk = journal.state
     journal.run.refused = True
@@ -163,8 +175,8 @@ def build_and_publish(journal: Journal, progress: Progress, env: Mapping[str, st
     warnings: List[str] = []
     try:
         if os.path.lexists(generation):
-            operations.remove_tree(generation)  # a previous attempt's partial build
-        os.makedirs(generation, mode=0o755)
+            fsutil.remove_tree(generation, root=trees.software)  # a previous attempt's partial build
+        fsutil.makedirs(generation, root=trees.software, mode=0o755)
         if build.backend == "installpath":
             progress(backends.UNSANDBOXED)
         with journal.step(StepKind.BUILD):
@@ -192,7 +204,7 @@ def build_and_publish(journal: Journal, progress: Progress, env: Mapping[str, st
         if journal.state is RunState.FAILED:  # fully reversed: the new tree was never live
             operations.discard_stage(journal, generation)
         raise
-    operations.remove_generation(generation)
+    operations.remove_generation(trees, generation)
     return {
         "run_id": journal.run_id,
         "backend": build.backend,

@@ -54,7 +54,7 @@ def return_to_old(journal: Journal, trees: Trees) -> List[str]:
     for entry in reversed(journal.modules):
         if os.path.lexists(swap.hold_path(entry.retired_path)):
             with journal.step(StepKind.RESUME_RECOVER_FALLBACK, entry):
-                recovered = swap.recover_fallback(entry.retired_path, entry.stable_path)
+                recovered = swap.recover_fallback(entry.retired_path, entry.stable_path, root=trees.software)
             actions.append(f"{entry.module}: {recovered}")
         for module_class, previous in sorted(entry.class_link_previous.items()):
             link = operations.class_link_path(trees, entry, module_class)
@@ -65,7 +65,7 @@ def return_to_old(journal: Journal, trees: Trees) -> List[str]:
                 actions.append(f"{entry.module}: class link {module_class} restored")
         if _module_is_new(entry):
             with journal.step(StepKind.RESUME_MODULE, entry):
-                operations.restore_module(entry)
+                operations.restore_module(trees, entry)
             actions.append(f"{entry.module}: module file restored")
     config = journal.request.ledger_settings()
     for step in journal.steps_of(StepKind.LEDGER) if config else []:

@@ -29,16 +29,28 @@ def _timestamp():
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
 
 
-def _move(source, destination):
-    """One durable rename: fsync the file, rename, fsync both directories."""
-    fd = fsutil.open_nofollow(source, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(source, destination)
-    fsutil.fsync_dir(os.path.dirname(destination))
-    fsutil.fsync_dir(os.path.dirname(source))
+def _move(source, source_root, destination, destination_root):
+    """One durable rename: fsync the file, rename, fsync both directories.
+
+    Both directories are opened from their roots (the module tree, the state root) without
+    following a link, and the rename is made between the two descriptors: ``all/<Name>`` or
+    a directory under ``retired/`` swapped for a link meanwhile fails the move in one line
+    and never moves a file into, or out of, another tree."""
+    source_dir, source_name = fsutil.parent_of(source, source_root)
+    destination_dir, destination_name = fsutil.parent_of(destination, destination_root)
+    with source_dir, destination_dir:
+        fd = os.open(
+            source_name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=source_dir.fd
+        )
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise errors.UsageError(f"{source} is not a regular file; refusing to move it")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        source_dir.rename(source_name, destination_dir, destination_name)
+        destination_dir.sync()
+        source_dir.sync()
 
 
 def _device_of_nearest(path):
@@ -46,6 +58,12 @@ def _device_of_nearest(path):
     while not os.path.lexists(path):
         path = os.path.dirname(path)
     return os.stat(path).st_dev
+
+
+def module_root_of(module_file):
+    """``<installpath>/modules`` of ``<installpath>/modules/all/<Name>/<file>`` (checked by
+    ``software_root_of``): the root the module file's directories are opened from."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(module_file)))
 
 
 # Where a retire keeps its file and which software root it belongs to are paths' rules: the
@@ -102,7 +120,7 @@ def retire(state_root, module_file, reason):
     run_id = RUN_PREFIX + _timestamp()
     destination = retired_path(state_root, run_id, module_file)
     # New directories under retired/, whose filesystem check() compared with the module's.
-    os.makedirs(os.path.dirname(destination), mode=0o700, exist_ok=True)
+    fsutil.makedirs(os.path.dirname(destination), root=state_root, mode=0o700)
     journal = journals.Journal.create(
         os.path.join(state_root, "runs"),
         run_id,
@@ -115,7 +133,7 @@ def retire(state_root, module_file, reason):
         reason=reason,
         retired_at=journals.now(),
     )
-    _move(module_file, destination)
+    _move(module_file, module_root_of(module_file), destination, state_root)
     journal.set_state(RunState.RETIRED)
     return {
         "run_id": run_id,
@@ -126,16 +144,26 @@ def retire(state_root, module_file, reason):
     }
 
 
-def _nothing_moved(journal):
-    # A crash before the rename: the journal says retiring, and the file never left.
+def _in_place(journal):
+    """True when the module file is where it was retired from, with the bytes it had, and
+    not in ``retired/``: read from the disk, not from the journal's state. That is a retire
+    stopped before its rename (the journal says retiring), or a rollback stopped after its
+    rename back but before its journal write (the journal still says retired); either way
+    only the journal's ``rolled_back`` is missing."""
     source, original = journal.run.retired_to, journal.run.module_file
-    return journal.state is RunState.RETIRING and os.path.lexists(original) and not os.path.lexists(source)
+    if os.path.lexists(source) or not os.path.isfile(original) or os.path.islink(original):
+        return False
+    try:
+        data = fsutil.read_regular(original, "module file")
+    except (OSError, errors.UsageError):
+        return False
+    return modulefile.module_hash(data) == journal.run.module_sha256
 
 
 def check_rollback(journal):
     """Refuse a rollback of a retire that cannot be done; False when it is rolled back already."""
     source, original = journal.run.retired_to, journal.run.module_file
-    state_root = os.path.dirname(os.path.dirname(journal.run_dir))
+    state_root = journal.state_root
     if not journal.run_id.startswith(RUN_PREFIX) or source != retired_path(
         state_root, journal.run_id, original
     ):
@@ -145,7 +173,7 @@ def check_rollback(journal):
         )
     if journal.state is RunState.ROLLED_BACK:
         return False
-    if _nothing_moved(journal):
+    if _in_place(journal):
         return True
     if os.path.lexists(original):
         raise errors.UsageError(f"{original} exists again; refusing to overwrite it with the retired copy")
@@ -159,9 +187,9 @@ def rollback_retire(journal):
     source, original = journal.run.retired_to, journal.run.module_file
     if not check_rollback(journal):
         return {"run_id": journal.run_id, "changed": False, "state": journal.state.value}
-    if _nothing_moved(journal):
+    if _in_place(journal):
         journal.set_state(RunState.ROLLED_BACK)
         return {"run_id": journal.run_id, "changed": True, "state": journal.state.value}
-    _move(source, original)
+    _move(source, journal.state_root, original, module_root_of(original))
     journal.set_state(RunState.ROLLED_BACK)
     return {"run_id": journal.run_id, "changed": True, "state": journal.state.value, "module_file": original}

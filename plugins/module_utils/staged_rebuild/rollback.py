@@ -71,14 +71,14 @@ def rollback(journal: Journal, trees: Trees) -> Dict[str, Any]:
                 )
             transaction.run(
                 step_name(StepKind.ROLLBACK_MODULE, entry),
-                partial(operations.restore_module, entry),
-                partial(operations.write_module, entry),
+                partial(operations.restore_module, trees, entry),
+                partial(operations.write_module, trees, entry),
             )
         for entry in entries:
             transaction.run(
                 step_name(StepKind.ROLLBACK_SWAP, entry),
                 partial(exchange_journaled, journal, entry),
-                partial(operations.exchange, entry),
+                partial(operations.exchange, trees, entry),
             )
         journal.faults.before("state rolled_back")
         journal.set_state(RunState.ROLLED_BACK)

@@ -28,9 +28,11 @@ filesystem that can exchange.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
+from functools import partial
 
 from ..common import errors
 from . import fsutil
@@ -83,13 +85,24 @@ class _Steps:
             raise InjectedFailure(step, os.fspath(path))
 
 
-def _sync_parents(*paths):
-    # The swap is only as good as its durability: the journal written next says it happened.
-    for parent in sorted({os.path.dirname(os.path.abspath(path)) for path in paths}):
-        fsutil.fsync_dir(parent)
+@contextlib.contextmanager
+def _names(staged, live, root):
+    """The swap's names, each in its directory held by descriptor (``fsutil.Directory``).
+
+    Every rename of the swap is made in those descriptors, by name: a parent swapped for a
+    link after it was opened cannot take a rename into another tree. In a run the two are
+    siblings, one directory opened once."""
+    staged, live = os.path.abspath(staged), os.path.abspath(live)
+    with contextlib.ExitStack() as stack:
+        staged_dir = stack.enter_context(fsutil.Directory.open(os.path.dirname(staged), root))
+        if os.path.dirname(staged) == os.path.dirname(live):
+            live_dir = staged_dir
+        else:
+            live_dir = stack.enter_context(fsutil.Directory.open(os.path.dirname(live), root))
+        yield _Names(staged_dir, live_dir, staged, live)
 
 
-def exchange(staged, live, on_step=None, fail_before=None, exchange_fn=None):
+def exchange(staged, live, on_step=None, fail_before=None, exchange_fn=None, *, root=None):
     """Swap the names ``staged`` and ``live``; return ``"exchange"`` or ``"fallback"``.
 
     On return, ``live`` names the tree that was staged, ``staged`` names the old live tree,
@@ -122,87 +135,124 @@ def exchange(staged, live, on_step=None, fail_before=None, exchange_fn=None):
     """
     staged, live = os.fspath(staged), os.fspath(live)
     steps = _Steps(on_step, fail_before)
-    exchange_fn = fsutil.rename_exchange if exchange_fn is None else exchange_fn
-    steps.before(STEP_EXCHANGE, staged)
-    try:
-        exchange_fn(staged, live)
-    except OSError as err:
-        if err.errno not in FALLBACK_ERRNOS:
-            raise
-        _fallback(staged, live, steps)
-        return METHOD_FALLBACK
-    _durable(staged, live, steps, lambda: exchange_fn(staged, live))
+    with _names(staged, live, root) as names:
+        swap_names = names.exchange if exchange_fn is None else partial(exchange_fn, staged, live)
+        steps.before(STEP_EXCHANGE, staged)
+        try:
+            swap_names()
+        except OSError as err:
+            if err.errno not in FALLBACK_ERRNOS:
+                raise
+            _fallback(names, steps)
+            return METHOD_FALLBACK
+        _durable(names, steps, swap_names)
     return METHOD_EXCHANGE
 
 
-def _durable(staged, live, steps, undo):
-    """fsync the parents after a completed swap; if that fails, ``undo`` it and raise."""
+class _Names:
+    """The names ``live``, ``staged`` and ``hold`` (beside ``staged``), each as (directory,
+    name), and their full paths for messages."""
+
+    def __init__(self, staged_dir, live_dir, staged, live):
+        self.staged_path, self.live_path = staged, live
+        self.at = {
+            "staged": (staged_dir, os.path.basename(staged)),
+            "live": (live_dir, os.path.basename(live)),
+            "hold": (staged_dir, os.path.basename(hold_path(staged))),
+        }
+
+    def path(self, key):
+        directory, name = self.at[key]
+        return directory.join(name)
+
+    def exists(self, key):
+        """``True`` for a real directory, ``False`` for nothing there; refuse anything else."""
+        directory, name = self.at[key]
+        info = directory.lstat(name)
+        if info is None:
+            return False
+        if not stat.S_ISDIR(info.st_mode):
+            raise errors.PublishError(
+                f"{directory.join(name)} is not a directory (or is a symbolic link); refusing to recover it"
+            )
+        return True
+
+    def rename(self, source, target):
+        (source_dir, source_name), (target_dir, target_name) = self.at[source], self.at[target]
+        try:
+            source_dir.rename(source_name, target_dir, target_name)
+        except OSError as err:
+            raise OSError(err.errno, err.strerror, self.path(source), None, self.path(target)) from None
+
+    def exchange(self):
+        (staged_dir, staged_name), (live_dir, live_name) = self.at["staged"], self.at["live"]
+        try:
+            fsutil.rename_exchange(staged_name, live_name, dir_fd=staged_dir.fd, other_dir_fd=live_dir.fd)
+        except OSError as err:
+            raise OSError(err.errno, err.strerror, self.staged_path, None, self.live_path) from None
+
+    def sync(self):
+        for directory in {id(d): d for d, _name in self.at.values()}.values():
+            directory.sync()
+
+
+def _durable(names, steps, undo):
+    """fsync the parents after a completed swap; if that fails, ``undo`` it and raise.
+
+    The swap is only as good as its durability: the journal written next says it happened."""
     try:
-        steps.before(STEP_SYNC, live, announce=False)
-        _sync_parents(staged, live)
+        steps.before(STEP_SYNC, names.live_path, announce=False)
+        names.sync()
     except BaseException as err:
         try:
             undo()
         except OSError as undo_err:
-            raise _restore_error(staged, live, undo_err) from err
+            raise _restore_error(names, undo_err) from err
         raise
 
 
-def _fallback(staged, live, steps):
-    hold = hold_path(staged)
-    if os.path.lexists(hold):
+def _fallback(names, steps):
+    if names.exists("hold"):
         raise errors.PublishError(
-            f"{hold} exists from an interrupted swap of {live}; resume must recover it first"
+            f"{names.path('hold')} exists from an interrupted swap of {names.live_path}; "
+            "resume must recover it first"
         )
     plan = (
-        (STEP_LIVE_TO_HOLD, live, hold),
-        (STEP_STAGED_TO_LIVE, staged, live),
-        (STEP_HOLD_TO_STAGED, hold, staged),
+        (STEP_LIVE_TO_HOLD, "live", "hold"),
+        (STEP_STAGED_TO_LIVE, "staged", "live"),
+        (STEP_HOLD_TO_STAGED, "hold", "staged"),
     )
     done = []
     try:
         for step, source, target in plan:
-            steps.before(step, source)
-            os.rename(source, target)
+            steps.before(step, names.path(source))
+            names.rename(source, target)
             done.append((source, target))
     except BaseException:
         # BaseException: an interrupt (a signal turned into an exception) must not leave the
         # live name missing either.
-        _undo(staged, live, done)
+        _undo(names, done)
         raise
-    _durable(staged, live, steps, lambda: _undo(staged, live, done))
+    _durable(names, steps, lambda: _undo(names, done))
 
 
-def _undo(staged, live, done):
+def _undo(names, done):
     """Rename the completed steps back, last first; ``RestoreError`` if one cannot be."""
     for source, target in reversed(done):
         try:
-            os.rename(target, source)
+            names.rename(target, source)
         except OSError as err:
-            raise _restore_error(staged, live, err) from err
+            raise _restore_error(names, err) from err
 
 
-def _restore_error(staged, live, err):
+def _restore_error(names, err):
     return RestoreError(
-        f"swap of {staged} and {live} failed and could not be undone"
+        f"swap of {names.staged_path} and {names.live_path} failed and could not be undone"
         f" ({err.strerror}: {err.filename}); resume recovers the names"
     )
 
 
-def _state(path):
-    """``True`` for a real directory, ``False`` for nothing there; refuse anything else."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return False
-    if not stat.S_ISDIR(info.st_mode):
-        raise errors.PublishError(
-            f"{path} is not a directory (or is a symbolic link); refusing to recover it"
-        )
-    return True
-
-
-def recover_fallback(staged, live):
+def recover_fallback(staged, live, *, root=None):
     """Put back the names an interrupted fallback swap left; return what was done.
 
     The names tell the state, because each fallback step is one rename and the hold name
@@ -223,18 +273,19 @@ def recover_fallback(staged, live):
     """
     staged, live = os.fspath(staged), os.fspath(live)
     hold = hold_path(staged)
-    have_hold, have_staged, have_live = _state(hold), _state(staged), _state(live)
-    if not have_hold and have_live:
-        return RECOVERED_NOTHING
-    if have_hold and have_staged and not have_live:
-        os.rename(hold, live)
-        _sync_parents(staged, live)
-        return RECOVERED_AFTER_STEP_1
-    if have_hold and have_live and not have_staged:
-        os.rename(live, staged)
-        os.rename(hold, live)
-        _sync_parents(staged, live)
-        return RECOVERED_AFTER_STEP_2
+    with _names(staged, live, root) as names:
+        have_hold, have_staged, have_live = names.exists("hold"), names.exists("staged"), names.exists("live")
+        if not have_hold and have_live:
+            return RECOVERED_NOTHING
+        if have_hold and have_staged and not have_live:
+            names.rename("hold", "live")
+            names.sync()
+            return RECOVERED_AFTER_STEP_1
+        if have_hold and have_live and not have_staged:
+            names.rename("live", "staged")
+            names.rename("hold", "live")
+            names.sync()
+            return RECOVERED_AFTER_STEP_2
     raise errors.PublishError(
         f"cannot explain the swap state of {live}: live {_word(have_live)}, staged {staged}"
         f" {_word(have_staged)}, hold {hold} {_word(have_hold)}; repair by hand"

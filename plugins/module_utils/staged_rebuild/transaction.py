@@ -90,7 +90,7 @@ def exchange_journaled(journal: Journal, entry: ModuleEntry) -> str:
             started[0].done()
         started[0] = journal.begin(step_name(_FALLBACK_KINDS[name], entry))
 
-    method = operations.exchange(entry, on_step=on_step)
+    method = operations.exchange(journal.trees, entry, on_step=on_step)
     if started[0] is not None:
         try:
             started[0].done()
@@ -98,6 +98,6 @@ def exchange_journaled(journal: Journal, entry: ModuleEntry) -> str:
             # The exchange is complete but not recorded, and the caller has no inverse for an
             # action that raised: exchange back here, so that its reversal starts from the
             # trees as they were (swap.exchange does the same for a failed on_step).
-            operations.exchange(entry)
+            operations.exchange(journal.trees, entry)
             raise
     return method

@@ -8,6 +8,7 @@ owner, inode and bytes of every entry) show what changed on disk and what did no
 
 from __future__ import annotations
 
+import json
 import os
 from typing import NamedTuple
 
@@ -310,6 +311,23 @@ def test_a_run_whose_old_tree_gc_removed_fails(capsys, published):
     assert_failed_with(result, f"run {RUN}: the retired tree {sibling} is gone (collected by gc?)")
     assert disk(site) == before
     assert site.payload(APP) == "new build"
+
+
+def test_a_rollback_stopped_between_moving_the_file_back_and_its_journal_is_finished_by_the_next(
+    capsys, retired
+):
+    # The state a rollback leaves when its last journal write fails (a full disk, a runs/
+    # swapped for a link): the file is back, the journal still says retired.
+    site, run_id, data = retired
+    journal = site.state_root / "runs" / run_id / "journal.json"
+    os.rename(json.loads(journal.read_text())["retired_to"], site.module_file(APP))
+
+    result = _rollback(capsys, site, run_id=run_id)
+
+    assert "failed" not in result
+    assert (result["changed"], result["state"]) == (True, "rolled_back")
+    assert json.loads(journal.read_text())["state"] == "rolled_back"
+    assert site.module_file(APP).read_bytes() == data
 
 
 def test_a_retire_whose_module_file_exists_again_fails(capsys, retired):

@@ -578,20 +578,21 @@ def test_atomic_write_replaces_the_inode_so_an_open_reader_keeps_the_old_bytes(t
 
 def test_atomic_write_takes_a_random_temp_name_in_the_target_directory(tmp_path, monkeypatch):
     # The temporary name exists only inside the call; a spy on os.replace (which still
-    # performs the real rename) is the only place it can be seen from a test.
+    # performs the real rename, relative to the directory's descriptor) is the only place it
+    # can be seen from a test.
     sources = []
     real_replace = os.replace
 
-    def spy(source, target):
-        sources.append(source)
-        real_replace(source, target)
+    def spy(source, target, **dir_fds):
+        sources.append((os.readlink(f"/proc/self/fd/{dir_fds['src_dir_fd']}"), source))
+        real_replace(source, target, **dir_fds)
 
     monkeypatch.setattr(os, "replace", spy)
     fsutil.atomic_write(tmp_path / "state", b"1")
     fsutil.atomic_write(tmp_path / "state", b"2")
 
-    assert [os.path.dirname(source) for source in sources] == [str(tmp_path)] * 2
-    assert all(os.path.basename(source).startswith(".state.") for source in sources)
+    assert [directory for directory, _name in sources] == [str(tmp_path)] * 2
+    assert all(name.startswith(".state.") for _directory, name in sources)
     assert sources[0] != sources[1]
     assert (tmp_path / "state").read_bytes() == b"2"
 
@@ -659,7 +660,7 @@ def test_atomic_write_into_a_missing_directory_raises_and_creates_nothing(tmp_pa
 
 
 def test_durable_replace_docstring_explains_the_order():
-    # atomic_write and atomic_write_json are thin users of durable_replace, which keeps the list.
+    # atomic_write is a thin user of durable_replace, which keeps the list.
     numbered = [
         line.strip()
         for line in fsutil.durable_replace.__doc__.splitlines()
@@ -670,44 +671,6 @@ def test_durable_replace_docstring_explains_the_order():
     assert len(numbered) == len(expected)
     assert all(word in line for word, line in zip(expected, numbered))
     assert "hard link" in fsutil.durable_replace.__doc__
-
-
-# atomic_write_json
-
-
-def test_atomic_write_json_writes_sorted_indented_json_with_a_newline(tmp_path):
-    fsutil.atomic_write_json(tmp_path / "journal.json", {"steps": ["a"], "run_id": "r1"})
-
-    text = (tmp_path / "journal.json").read_text()
-    assert text == '{\n  "run_id": "r1",\n  "steps": [\n    "a"\n  ]\n}\n'
-    assert json.loads(text) == {"steps": ["a"], "run_id": "r1"}
-    assert stat.S_IMODE((tmp_path / "journal.json").stat().st_mode) == 0o644
-
-
-def test_atomic_write_json_passes_the_mode(tmp_path):
-    fsutil.atomic_write_json(tmp_path / "journal.json", [], mode=0o600)
-
-    assert stat.S_IMODE((tmp_path / "journal.json").stat().st_mode) == 0o600
-
-
-def test_atomic_write_json_of_an_unserialisable_object_writes_nothing(tmp_path):
-    (tmp_path / "journal.json").write_text("{}\n")
-
-    with pytest.raises(TypeError):
-        fsutil.atomic_write_json(tmp_path / "journal.json", {"when": object()})
-
-    assert (tmp_path / "journal.json").read_text() == "{}\n"
-    assert _listing(tmp_path) == ["journal.json"]
-
-
-def test_atomic_write_json_refuses_a_symlink(tmp_path):
-    (tmp_path / "real.json").write_text("{}\n")
-    (tmp_path / "journal.json").symlink_to("real.json")
-
-    with pytest.raises(errors.UsageError, match=r"journal\.json is a symbolic link"):
-        fsutil.atomic_write_json(tmp_path / "journal.json", {"a": 1})
-
-    assert (tmp_path / "real.json").read_text() == "{}\n"
 
 
 # refuse_symlink_components
@@ -929,41 +892,125 @@ def test_changed_paths_sees_same_size_content_changes_and_retyped_entries(tmp_pa
 # Removal by descriptors
 
 
-def test_remove_tree_at_removes_a_sealed_tree_by_descriptors(tmp_path):
+def test_remove_tree_removes_a_sealed_tree_by_descriptors_and_leaves_what_its_links_name(tmp_path):
     tree = tmp_path / "software" / "TinyApp" / ".1.0.run1"
     (tree / "bin").mkdir(parents=True)
     (tree / "bin" / "tiny").write_text("program\n")
     (tree / "link").symlink_to("/etc/passwd")
     os.chmod(tree / "bin", 0o500)  # sealed: no write bit, as --read-only-installdir leaves it
     os.chmod(tree, 0o500)
-    parent_fd = fsutil.open_dir_chain(str(tmp_path / "software"), "TinyApp")
-    try:
-        fsutil.remove_tree_at(parent_fd, ".1.0.run1", str(tree))
-    finally:
-        os.close(parent_fd)
+
+    fsutil.remove_tree(str(tree), root=str(tmp_path / "software"))
 
     assert not tree.exists()
+    assert (tmp_path / "software" / "TinyApp").is_dir()
     assert os.path.exists("/etc/passwd")
 
 
-def test_open_dir_chain_refuses_a_component_that_is_a_link_and_names_it(tmp_path):
+def test_directory_open_refuses_a_component_that_is_a_link_and_names_it(tmp_path):
     (tmp_path / "elsewhere" / "TinyApp").mkdir(parents=True)
     (tmp_path / "software").mkdir()
     (tmp_path / "software" / "TinyApp").symlink_to(tmp_path / "elsewhere" / "TinyApp")
 
     with pytest.raises(errors.UsageError) as raised:
-        fsutil.open_dir_chain(str(tmp_path / "software"), "TinyApp")
+        fsutil.Directory.open(tmp_path / "software" / "TinyApp", root=tmp_path / "software")
 
     assert str(raised.value) == (
-        f"{tmp_path / 'software' / 'TinyApp'} is not a directory (a symbolic link?); refusing to follow it"
+        f"{tmp_path / 'software' / 'TinyApp'} is a symbolic link; refusing to follow it"
     )
 
 
-def test_open_dir_chain_refuses_to_climb_out_of_its_root(tmp_path):
-    (tmp_path / "software").mkdir()
+@pytest.mark.parametrize("path", ["../etc", "TinyApp/../../etc"])
+def test_directory_open_refuses_to_climb_out_of_its_root(tmp_path, path):
+    (tmp_path / "software" / "TinyApp").mkdir(parents=True)
 
-    with pytest.raises(errors.UsageError, match="leaves"):
-        fsutil.open_dir_chain(str(tmp_path / "software"), "../etc")
+    with pytest.raises(errors.UsageError, match=r"leaves|is not under"):
+        fsutil.Directory.open(f"{tmp_path / 'software'}/{path}", root=tmp_path / "software")
+
+
+def test_directory_open_refuses_a_path_outside_its_root(tmp_path):
+    (tmp_path / "software").mkdir()
+    (tmp_path / "other").mkdir()
+
+    with pytest.raises(errors.UsageError, match="is not under"):
+        fsutil.Directory.open(tmp_path / "other", root=tmp_path / "software")
+
+
+def test_directory_open_with_create_mode_makes_the_missing_components_below_the_root(tmp_path):
+    (tmp_path / "state").mkdir()
+
+    made_path = tmp_path / "state" / "runs" / "r1"
+    with fsutil.Directory.open(made_path, tmp_path / "state", create_mode=0o700) as made:
+        assert os.fstat(made.fd).st_ino == os.stat(tmp_path / "state" / "runs" / "r1").st_ino
+
+    assert stat.S_IMODE(os.stat(tmp_path / "state" / "runs").st_mode) == 0o700
+
+
+def test_directory_open_with_create_mode_refuses_a_link_it_finds_instead_of_making_through_it(tmp_path):
+    (tmp_path / "state").mkdir()
+    (tmp_path / "victim").mkdir()
+    (tmp_path / "state" / "runs").symlink_to(tmp_path / "victim")
+
+    with pytest.raises(errors.UsageError, match="symbolic link"):
+        fsutil.Directory.open(tmp_path / "state" / "runs" / "r1", tmp_path / "state", create_mode=0o700)
+
+    assert os.listdir(tmp_path / "victim") == []
+
+
+def test_a_directory_keeps_working_on_the_directory_it_opened_after_its_name_is_swapped(tmp_path):
+    (tmp_path / "software" / "TinyApp").mkdir(parents=True)
+    (tmp_path / "victim").mkdir()
+    with fsutil.Directory.open(tmp_path / "software" / "TinyApp", root=tmp_path / "software") as held:
+        os.rename(tmp_path / "software" / "TinyApp", tmp_path / "software" / "moved")
+        (tmp_path / "software" / "TinyApp").symlink_to(tmp_path / "victim")
+
+        with held.replace("1.0.lua") as stream:
+            stream.write(b"new\n")
+        held.mkdir("1.0")
+        held.exchange("1.0", "1.0.lua")
+
+    assert os.listdir(tmp_path / "victim") == []
+    assert sorted(os.listdir(tmp_path / "software" / "moved")) == ["1.0", "1.0.lua"]
+    assert (tmp_path / "software" / "moved" / "1.0").read_bytes() == b"new\n"
+
+
+def test_directory_replace_refuses_a_link_at_the_name(tmp_path):
+    (tmp_path / "victim").write_text("keep\n")
+    (tmp_path / "name").symlink_to(tmp_path / "victim")
+
+    held = fsutil.Directory.open(tmp_path)
+    with held, pytest.raises(errors.UsageError, match="symbolic link"), held.replace("name") as stream:
+        stream.write(b"x")
+
+    assert (tmp_path / "victim").read_text() == "keep\n"
+    assert sorted(os.listdir(tmp_path)) == ["name", "victim"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link", "directory"])
+def test_directory_read_regular_refuses_what_is_not_a_regular_file_without_waiting(tmp_path, kind):
+    name = tmp_path / "name"
+    if kind == "fifo":
+        os.mkfifo(name)
+    elif kind == "link":
+        name.symlink_to("/etc/passwd")
+    else:
+        name.mkdir()
+
+    with fsutil.Directory.open(tmp_path) as held, pytest.raises(errors.UsageError) as raised:
+        held.read_regular("name", "module file")
+
+    assert str(raised.value).startswith(f"module file {tmp_path / 'name'} is ")
+
+
+def test_directory_rename_moves_between_two_held_directories(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "f").write_text("x\n")
+    with fsutil.Directory.open(tmp_path / "a") as source, fsutil.Directory.open(tmp_path / "b") as target:
+        source.rename("f", target, "g")
+
+    assert (tmp_path / "b" / "g").read_text() == "x\n"
+    assert not (tmp_path / "a" / "f").exists()
 
 
 def test_remove_tree_at_refuses_a_name_that_is_a_link_and_leaves_its_target(tmp_path):
@@ -981,12 +1028,9 @@ def test_remove_tree_at_refuses_a_name_that_is_a_link_and_leaves_its_target(tmp_
     assert (target / "keep").read_text() == "x\n"
 
 
-def test_open_dir_chain_trusts_a_root_behind_a_link_as_a_site_may_keep_it(tmp_path):
+def test_directory_open_trusts_a_root_behind_a_link_as_a_site_may_keep_it(tmp_path):
     (tmp_path / "real" / "TinyApp").mkdir(parents=True)
     (tmp_path / "software").symlink_to(tmp_path / "real")
 
-    fd = fsutil.open_dir_chain(str(tmp_path / "software"), "TinyApp")
-    try:
-        assert os.fstat(fd).st_ino == os.stat(tmp_path / "real" / "TinyApp").st_ino
-    finally:
-        os.close(fd)
+    with fsutil.Directory.open(tmp_path / "software" / "TinyApp", root=tmp_path / "software") as held:
+        assert os.fstat(held.fd).st_ino == os.stat(tmp_path / "real" / "TinyApp").st_ino

@@ -246,13 +246,19 @@ def test_create_refuses_a_run_id_whose_directory_exists_without_a_journal(runs):
     assert os.listdir(runs) == ["run1"], "the hidden directory of the refused create is gone"
 
 
+def _at(name, dir_fd):
+    """The path of ``name`` in the directory descriptor ``dir_fd`` (a rename's argument)."""
+    return os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), name)
+
+
 def test_create_renames_a_hidden_directory_into_place_and_leaves_no_other_entry(runs, monkeypatch):
     renames = []
     real_rename = os.rename
 
-    def recording_rename(source, destination):
-        renames.append((os.path.basename(source), sorted(os.listdir(source)), destination))
-        real_rename(source, destination)
+    def recording_rename(source, destination, *, src_dir_fd, dst_dir_fd):
+        source_path, destination_path = _at(source, src_dir_fd), _at(destination, dst_dir_fd)
+        renames.append((source, sorted(os.listdir(source_path)), destination_path))
+        real_rename(source, destination, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
 
     monkeypatch.setattr(journals.os, "rename", recording_rename)
 
@@ -268,13 +274,18 @@ def test_create_renames_a_hidden_directory_into_place_and_leaves_no_other_entry(
 def test_two_creates_take_unpredictable_hidden_names(runs, monkeypatch):
     sources = []
     real_rename = os.rename
-    monkeypatch.setattr(journals.os, "rename", lambda a, b: (sources.append(a), real_rename(a, b)))
+
+    def recording_rename(source, destination, **dir_fds):
+        sources.append(source)
+        real_rename(source, destination, **dir_fds)
+
+    monkeypatch.setattr(journals.os, "rename", recording_rename)
 
     _create(runs, "run1")
     _create(runs, "run2")
 
     assert len(set(sources)) == 2
-    assert all(len(os.path.basename(source)) > len(journals.CREATING) + 4 for source in sources)
+    assert all(len(source) > len(journals.CREATING) + 4 for source in sources)
 
 
 def test_create_refuses_a_run_directory_that_appears_during_the_rename_and_cleans_up(runs, monkeypatch):
@@ -282,10 +293,10 @@ def test_create_refuses_a_run_directory_that_appears_during_the_rename_and_clean
     timed from outside; os.rename answers ENOTEMPTY as the kernel does."""
     real_rename = os.rename
 
-    def racing_rename(source, destination):
-        os.mkdir(destination)
-        (Path(destination) / "journal.json").write_text("{}")
-        real_rename(source, destination)
+    def racing_rename(source, destination, *, src_dir_fd, dst_dir_fd):
+        os.mkdir(_at(destination, dst_dir_fd))
+        (Path(_at(destination, dst_dir_fd)) / "journal.json").write_text("{}")
+        real_rename(source, destination, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
 
     monkeypatch.setattr(journals.os, "rename", racing_rename)
 
@@ -294,6 +305,18 @@ def test_create_refuses_a_run_directory_that_appears_during_the_rename_and_clean
 
     assert os.listdir(runs) == ["run1"]
     assert (runs / "run1" / "journal.json").read_text() == "{}"
+
+
+def test_create_refuses_a_runs_directory_that_is_a_link_and_writes_nothing_through_it(tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "runs").symlink_to(victim)
+
+    with pytest.raises(errors.UsageError, match="symbolic link"):
+        _create(tmp_path / "state" / "runs")
+
+    assert os.listdir(victim) == []
 
 
 def test_create_that_cannot_write_its_journal_says_so_and_leaves_no_directory(runs, monkeypatch):

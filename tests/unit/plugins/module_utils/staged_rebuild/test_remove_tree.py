@@ -1,4 +1,4 @@
-"""``operations.remove_tree``: a stage or generation goes, sealed or not; nothing outside it does.
+"""``fsutil.remove_tree``: a stage or generation goes, sealed or not; nothing outside it does.
 
 A sealed install (EasyBuild's ``--read-only-installdir``) has 0444 files in 0555 directories.
 Root ignores those bits, so the build user's cases run ``remove_tree`` in a child under
@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import operations
+from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import fsutil
 from tests.support.staged import snapshot
 
 AS_USER = r"""
 import sys
-from hpcstack_ops.staged_rebuild import operations
-operations.remove_tree(sys.argv[1])
+from hpcstack_ops.staged_rebuild import fsutil
+fsutil.remove_tree(sys.argv[1])
 """
 
 
@@ -93,7 +94,7 @@ def test_remove_tree_removes_a_plain_tree(tmp_path):
     (tree / "a" / "b").mkdir(parents=True)
     (tree / "a" / "b" / "f").write_text("x")
 
-    operations.remove_tree(str(tree))
+    fsutil.remove_tree(str(tree))
 
     assert not os.path.lexists(tree)
     assert list(tmp_path.iterdir()) == []
@@ -102,7 +103,7 @@ def test_remove_tree_removes_a_plain_tree(tmp_path):
 def test_remove_tree_removes_a_sealed_tree_as_root(tmp_path):
     tree = _sealed_tree(tmp_path / "stage")
 
-    operations.remove_tree(str(tree))
+    fsutil.remove_tree(str(tree))
 
     assert not os.path.lexists(tree)
 
@@ -115,7 +116,7 @@ def test_remove_tree_never_follows_a_symlink_out_of_the_tree(tmp_path):
     _seal(tree)
     before = snapshot(outside)
 
-    operations.remove_tree(str(tree))
+    fsutil.remove_tree(str(tree))
 
     assert not os.path.lexists(tree)
     assert snapshot(outside) == before
@@ -123,7 +124,7 @@ def test_remove_tree_never_follows_a_symlink_out_of_the_tree(tmp_path):
 
 def test_remove_tree_of_a_missing_path_raises_file_not_found(tmp_path):
     with pytest.raises(FileNotFoundError):
-        operations.remove_tree(str(tmp_path / "missing"))
+        fsutil.remove_tree(str(tmp_path / "missing"))
 
 
 def test_remove_tree_of_a_missing_path_leaves_a_sealed_parent_sealed(tmp_path):
@@ -132,7 +133,7 @@ def test_remove_tree_of_a_missing_path_leaves_a_sealed_parent_sealed(tmp_path):
     parent.chmod(0o555)
 
     with pytest.raises(FileNotFoundError):
-        operations.remove_tree(str(parent / ".1.0.run1"))
+        fsutil.remove_tree(str(parent / ".1.0.run1"))
 
     assert stat.S_IMODE(parent.stat().st_mode) == 0o555
 
@@ -146,8 +147,8 @@ def test_remove_tree_refuses_a_symlink_in_place_of_the_tree(tmp_path):
     parent.chmod(0o555)
     before = snapshot(outside)
 
-    with pytest.raises(OSError):
-        operations.remove_tree(str(parent / ".1.0.run1"))
+    with pytest.raises(errors.UsageError, match="symbolic link"):
+        fsutil.remove_tree(str(parent / ".1.0.run1"))
 
     assert snapshot(outside) == before
     assert stat.S_IMODE(parent.stat().st_mode) == 0o555
