@@ -20,6 +20,9 @@ description:
   - Interrupted runs are listed in RV(interrupted) and each becomes a warning; finish or reverse
     them with C(eb-staged-rebuild resume), or roll back an interrupted retire.
   - Reports a change only when something was removed; in check mode, when something would be.
+  - A journal whose paths are not where the state root's runs put them is refused. When the
+    target host sets E(EASYBUILD_INSTALLPATH) (or E(EASYBUILD_INSTALLPATH_SOFTWARE) and
+    E(EASYBUILD_INSTALLPATH_MODULES)), a run of other trees is refused too.
 author:
   - hpcstack.ops maintainers (@hpcstack)
 extends_documentation_fragment:
@@ -150,6 +153,7 @@ def main():
             settings.grace_hours(params, os.environ),
             settings.lock_timeout(params),
             dry_run=dry_run,
+            trees=module_support.host_trees(os.environ),
         ),
         module.check_mode,
     )

@@ -16,6 +16,9 @@ description:
   - Runs that are finished are left alone; when none is interrupted, nothing changes.
   - M(hpcstack.ops.staged_rebuild) refuses to start while a run of the same state root is
     interrupted, so this module comes first after a crash.
+  - A journal whose paths are not where the state root's runs put them is refused. When the
+    target host sets E(EASYBUILD_INSTALLPATH) (or E(EASYBUILD_INSTALLPATH_SOFTWARE) and
+    E(EASYBUILD_INSTALLPATH_MODULES)), a run of other trees is refused too.
 author:
   - hpcstack.ops maintainers (@hpcstack)
 extends_documentation_fragment:
@@ -107,6 +110,7 @@ def main():
             progress=progress.append,
             env=dict(os.environ),
             dry_run=dry_run,
+            trees=module_support.host_trees(os.environ),
         ),
         module.check_mode,
     )

@@ -15,6 +15,9 @@ description:
   - A run that is already rolled back is left alone and reported as not changed.
   - The previous tree must still exist; once M(hpcstack.ops.staged_gc) removed it, the rollback is
     refused.
+  - A journal whose paths are not where the state root's runs put them is refused. When the
+    target host sets E(EASYBUILD_INSTALLPATH) (or E(EASYBUILD_INSTALLPATH_SOFTWARE) and
+    E(EASYBUILD_INSTALLPATH_MODULES)), a run of other trees is refused too.
 author:
   - hpcstack.ops maintainers (@hpcstack)
 extends_documentation_fragment:
@@ -94,6 +97,7 @@ def main():
             run_id,
             settings.lock_timeout(module.params),
             dry_run=dry_run,
+            trees=module_support.host_trees(os.environ),
         ),
         module.check_mode,
         module._diff,

@@ -6,8 +6,10 @@ that blocked in ``open()`` on a FIFO fails the case by timing out instead of han
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import sys
 
 import pytest
 
@@ -112,3 +114,83 @@ def test_the_rebuild_module_in_check_and_diff_mode_is_refused_not_blocked_by_a_f
     assert result["error"] == "usage"
     assert result["msg"] == f"module file {site.module_file(APP)} is not a regular file"
     assert disk(site) == before
+
+
+# The files a run reads back from its own directory, and the ledger a resume cuts back.
+
+# A program that puts ``kind`` where ``path`` (relative to the run directory) is; run as the
+# rebuild's --prepare, after the live-change record and the prepared module file were written
+# and before either is read again.
+_PLANT = (
+    "import os, socket, sys; kind, path = sys.argv[1], sys.argv[2]; os.unlink(path)\n"
+    # A socket's path must fit in 108 bytes: bound by its name, from its directory.
+    "os.chdir(os.path.dirname(path)); path = os.path.basename(path)\n"
+    "if kind == 'fifo': os.mkfifo(path)\n"
+    "elif kind == 'directory': os.mkdir(path)\n"
+    "elif kind == 'symlink': os.symlink('/etc/passwd', path)\n"
+    "else: server = socket.socket(socket.AF_UNIX); server.bind(path); server.close()\n"
+)
+KINDS = ["fifo", "directory", "socket", "symlink"]
+
+
+def _refused_after_progress(done, *words):
+    """The run's refusal as its last line; before it only the run's own progress lines."""
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr
+    *progress, line = done.stderr.strip().splitlines()
+    assert all("backend installpath" in earlier for earlier in progress), progress
+    assert line.startswith("eb-staged-rebuild: ")
+    for word in words:
+        assert word in line, line
+
+
+def _prepare_planting(tmp_path, kind, relative):
+    script = tmp_path / "plant.py"
+    script.write_text(_PLANT)
+    return f'{sys.executable} {script} {kind} "$EB_STAGED_REBUILD_RUN_DIR/{relative}"'
+
+
+@pytest.mark.parametrize(
+    "relative", ["live/TinyApp/1.0.json", "prepared/TinyApp/1.0.lua"], ids=["live-record", "prepared-module"]
+)
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_run_file_that_is_not_a_file_when_read_back_refuses_the_swap(staged_site, tmp_path, kind, relative):
+    site = staged_site
+    site.install(APP)
+    before = site.snapshot()
+    prepare = _prepare_planting(tmp_path, kind, relative)
+
+    done = site.run("--json", *site.rebuild_args(APP, extra=("--prepare", prepare)), timeout=NO_HANG)
+
+    (run_dir,) = (site.state_root / "runs").iterdir()
+    _refused_after_progress(done, str(run_dir / relative))
+    assert done.stdout == ""
+    assert site.payload(APP) == "old"
+    assert site.snapshot() == before
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_ledger_that_is_not_a_file_when_resume_cuts_it_back_is_refused(staged_site, tmp_path, kind):
+    """A crash right after the ledger step began: resume reads the ledger to cut the run's
+    records; a FIFO there must not hang it."""
+    site = staged_site
+    site.install(APP)
+    ledger = tmp_path / "ledger.jsonl"
+    config = tmp_path / "ledger-config.json"
+    config.write_text(json.dumps({"path": str(ledger), "site": "test"}))
+    crashed = site.run(
+        *site.rebuild_args(APP, extra=("--ledger-config", str(config))),
+        env={"EB_STAGED_REBUILD_CRASH_AT": "ledger"},
+        timeout=NO_HANG,
+    )
+    assert crashed.returncode != 0
+    ledger.write_text("")
+    if kind == "symlink":
+        ledger.unlink()
+        ledger.symlink_to("/etc/passwd")
+    else:
+        _plant(kind, ledger)
+
+    done = site.run("resume", timeout=NO_HANG)
+
+    _refused(done, str(ledger))

@@ -11,10 +11,10 @@ and ``request`` (``true`` is not an int, an int is not a bool); missing keys; en
 are not objects; nesting 100 000 levels deep and 64 levels deep where a string belongs;
 timestamps that are prose, numbers, impossible dates or without a time zone (the tool
 writes UTC with its offset, so a time without one is refused); unknown step kinds,
-statuses, states, kinds and schemas; duplicate keys; relative paths and paths with
-``..``; a run id that differs from its directory or is not a plain name; and raw bytes that
-are not a JSON object (invalid UTF-8, truncated, empty, an array, NaN, Infinity, trailing
-text).
+statuses, states, kinds and schemas; duplicate keys; relative paths, paths with ``..``
+and absolute paths elsewhere than where the state root's runs put them; a run id that
+differs from its directory or is not a plain name; and raw bytes that are not a JSON object
+(invalid UTF-8, truncated, empty, an array, NaN, Infinity, trailing text).
 
 For each (variant, command) the matrix requires:
 
@@ -554,6 +554,43 @@ OTHERS = [
         RETIRE,
         "module_file is relative",
         _set(("module_file",), "apps/modules/all/TinyOld/1.0.lua"),
+    ),
+    # paths that are absolute, but not where the state root's runs put them
+    Variant(
+        "path:stable_path-elsewhere",
+        PUBLISH,
+        "modules[].stable_path in another tree",
+        _set(("modules", 0, "stable_path"), lambda data, root: str(root / "elsewhere" / APP)),
+    ),
+    Variant(
+        "path:module_backup-elsewhere",
+        PUBLISH,
+        "modules[].module_backup outside the run's directory",
+        _set(("modules", 0, "module_backup"), lambda data, root: str(root / "elsewhere" / "1.0.lua")),
+    ),
+    Variant(
+        "path:class_links-dotdot",
+        LEDGER,
+        "modules[].class_links names ../x",
+        _set(("modules", 0, "class_links"), ["../x"]),
+    ),
+    Variant(
+        "path:trees-software-elsewhere",
+        PUBLISH,
+        "trees.software another absolute tree than the request's",
+        _set(("trees", "software"), lambda data, root: str(root / "elsewhere" / "software")),
+    ),
+    Variant(
+        "path:retire-retired_to-elsewhere",
+        RETIRE,
+        "retired_to outside <state-root>/retired",
+        _set(("retired_to",), lambda data, root: str(root / "elsewhere" / "1.0.lua")),
+    ),
+    Variant(
+        "path:retire-software_dir-elsewhere",
+        RETIRE,
+        "software_dir outside the module tree's software root",
+        _set(("software_dir",), lambda data, root: str(root / "elsewhere" / "software" / OLD)),
     ),
     # the run id
     Variant(

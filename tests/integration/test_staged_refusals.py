@@ -537,7 +537,10 @@ def case_gc_journal_records_the_stable_path_as_retired(bench):
     data = read_journal(bench.site.state_root, run_id)
     data["modules"][0]["retired_path"] = data["modules"][0]["stable_path"]
     path.write_text(json.dumps(data))
-    return Attempt(["gc", "--grace-hours", "0"], ("not a hidden sibling", str(bench.site.live(APP))))
+    return Attempt(
+        ["gc", "--grace-hours", "0"],
+        ("modules[0].retired_path", str(bench.site.live(APP)), "is not <software>/TinyApp/.1.0."),
+    )
 
 
 @case("gc-negative-grace-hours")

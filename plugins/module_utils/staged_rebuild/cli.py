@@ -59,9 +59,7 @@ def build_parser():
     build = commands.add_parser(
         "rebuild", parents=[after], help="build a replacement beside the live install and swap it in"
     )
-    build.add_argument("--installpath", help="the live tree (default: $EASYBUILD_INSTALLPATH)")
-    build.add_argument("--installpath-software", help="the live software tree (with --installpath-modules)")
-    build.add_argument("--installpath-modules", help="the live module tree (with --installpath-software)")
+    _tree_arguments(build)
     build.add_argument("--module", action="append", default=[], metavar="NAME/VERSION", dest="modules")
     build.add_argument(
         "--eb", help=f"the EasyBuild command (default: ${settings.EB_VARIABLE}, else eb on PATH)"
@@ -73,12 +71,14 @@ def build_parser():
 
     again = commands.add_parser("resume", parents=[after], help="finish or reverse interrupted runs")
     again.add_argument("run_id", nargs="?")
+    _tree_arguments(again, _CHECKED)
     again.set_defaults(func=cmd_resume)
 
     back = commands.add_parser(
         "rollback", parents=[after], help="put the previous tree (or a retired module file) back"
     )
     back.add_argument("run_id")
+    _tree_arguments(back, _CHECKED)
     back.set_defaults(func=cmd_rollback)
 
     ret = commands.add_parser("retire", parents=[after], help="move a module file out of MODULEPATH's way")
@@ -93,6 +93,7 @@ def build_parser():
         help=f"hours a replaced tree is kept (default: ${settings.GRACE_HOURS_VARIABLE}, else 144)",
     )
     collect.add_argument("--dry-run", action="store_true")
+    _tree_arguments(collect, _CHECKED)
     collect.set_defaults(func=cmd_gc)
 
     show = commands.add_parser("status", parents=[after], help="list runs, or show one")
@@ -106,6 +107,20 @@ def build_parser():
     look.add_argument("--eb", help="the EasyBuild whose version is checked")
     look.set_defaults(func=cmd_probe)
     return parser
+
+
+def _tree_arguments(parser, checked=""):
+    parser.add_argument("--installpath", help=f"the live tree{checked} (default: $EASYBUILD_INSTALLPATH)")
+    parser.add_argument("--installpath-software", help="the live software tree (with --installpath-modules)")
+    parser.add_argument("--installpath-modules", help="the live module tree (with --installpath-software)")
+
+
+# resume, rollback and gc refuse a journal of other trees than these, when any is given.
+_CHECKED = ", which the journals must name"
+
+
+def _trees(args):
+    return request_module.configured_trees(vars(args), os.environ)
 
 
 def _request(args):
@@ -139,11 +154,14 @@ def cmd_resume(args):
         lock_timeout=settings.lock_timeout(vars(args)),
         progress=_progress(args),
         env=dict(os.environ),
+        trees=_trees(args),
     )
 
 
 def cmd_rollback(args):
-    return commands.roll_back(_state_root(args), args.run_id, settings.lock_timeout(vars(args)))
+    return commands.roll_back(
+        _state_root(args), args.run_id, settings.lock_timeout(vars(args)), trees=_trees(args)
+    )
 
 
 def cmd_retire(args):
@@ -158,6 +176,7 @@ def cmd_gc(args):
         settings.grace_hours(vars(args), os.environ),
         settings.lock_timeout(vars(args)),
         dry_run=args.dry_run,
+        trees=_trees(args),
     )
 
 

@@ -102,30 +102,32 @@ def run_rebuild(request, state_root, progress, env, dry_run=False) -> dict:
     return rebuild.rebuild(request, state_root, progress, env)
 
 
-def _runs(state_root, run_id):
-    # None: every run. An empty run id is refused (find checks it), not read as "every run".
-    return [journals.find(state_root, run_id)] if run_id is not None else journals.run_journals(state_root)
+def _runs(state_root, run_id, trees=None):
+    """The run ``run_id`` (None: every run), each refused when it names other trees than
+    ``trees``, those the command was given or configured (None: the journals' own are used)."""
+    # An empty run id is refused (find checks it), not read as "every run".
+    runs = [journals.find(state_root, run_id)] if run_id is not None else journals.run_journals(state_root)
+    for journal in runs:
+        journal.check_trees(trees)
+    return runs
 
 
-def resume_runs(state_root, run_id, *, lock_timeout, progress, env, dry_run=False) -> dict:
+def resume_runs(state_root, run_id, *, lock_timeout, progress, env, dry_run=False, trees=None) -> dict:
     """Finish or reverse interrupted runs (one, or all); with ``dry_run`` only which would be."""
     state_root = existing_state_root(state_root)
     if run_id is not None:
         paths.check_run_id(run_id)  # before the lock: a refused request writes nothing
     if dry_run:
-        runs = _runs(state_root, run_id)
+        runs = _runs(state_root, run_id, trees)
         pending = [journal.run_id for journal in runs if journal.state in journals.INTERRUPTED]
         return {"changed": False, "dry_run": True, "would_change": bool(pending), "interrupted": pending}
     # Read first: a journal that does not load refuses before the lock file is written.
-    if run_id is not None:
-        journals.find(state_root, run_id)
-    else:
-        journals.check_all(state_root)
+    _runs(state_root, run_id, trees)
     paths.prepare_state_root(state_root)
     with locking.StateLock(state_root, lock_timeout):
         results = [
             resume.resume_run(journal, lambda journal: rebuild.build_and_publish(journal, progress, env))
-            for journal in _runs(state_root, run_id)
+            for journal in _runs(state_root, run_id, trees)
         ]
     return {"changed": any(result["changed"] for result in results), "runs": results}
 
@@ -134,12 +136,12 @@ def _rollback_check(journal):
     return (retire.check_rollback if journal.run.kind is RunKind.RETIRE else rollback.check)(journal)
 
 
-def roll_back(state_root, run_id, lock_timeout, dry_run=False) -> dict:
+def roll_back(state_root, run_id, lock_timeout, dry_run=False, trees=None) -> dict:
     """Put back what run ``run_id`` replaced (a tree, or a retired module file)."""
     state_root = existing_state_root(state_root)
     paths.check_run_id(run_id)
     # Read first: a journal that does not load refuses before the lock file is written.
-    journal = journals.find(state_root, run_id)
+    (journal,) = _runs(state_root, run_id, trees)
     if dry_run:
         return {
             "changed": False,
@@ -151,7 +153,7 @@ def roll_back(state_root, run_id, lock_timeout, dry_run=False) -> dict:
         }
     paths.prepare_state_root(state_root)
     with locking.StateLock(state_root, lock_timeout):
-        journal = journals.find(state_root, run_id)
+        (journal,) = _runs(state_root, run_id, trees)
         if journal.run.kind is RunKind.RETIRE:
             return retire.rollback_retire(journal)
         return rollback.rollback(journal, journal.trees)
@@ -199,19 +201,19 @@ def _retired_by(state_root, module_file):
     return None
 
 
-def collect_garbage(state_root, grace_hours, lock_timeout, dry_run=False) -> dict:
+def collect_garbage(state_root, grace_hours, lock_timeout, dry_run=False, trees=None) -> dict:
     """Remove retired trees older than ``grace_hours``; ``dry_run`` lists them instead."""
     state_root = existing_state_root(state_root)
     if dry_run:
         # Reads only: no lock (its files would be written) and no missing directories made.
-        report = gc_module.gc(state_root, grace_hours=grace_hours, dry_run=True)
+        report = gc_module.gc(state_root, grace_hours=grace_hours, dry_run=True, trees=trees)
         report["would_change"] = bool(report["removed"])
         return report
     # Read first: a journal that does not load refuses before the lock file is written.
-    journals.check_all(state_root)
+    journals.check_all(state_root, trees)
     paths.prepare_state_root(state_root)
     with locking.StateLock(state_root, lock_timeout):
-        return gc_module.gc(state_root, grace_hours=grace_hours, dry_run=False)
+        return gc_module.gc(state_root, grace_hours=grace_hours, dry_run=False, trees=trees)
 
 
 def show_status(state_root, run_id=None) -> dict:

@@ -75,6 +75,7 @@ def _collect_siblings(journal, now, grace, dry_run, report):
                 f"{entry.stable_path}; gc stops"
             )
         fsutil.refuse_symlink_components(sibling, stop_at=software)
+        _require_left_by_the_run(journal, entry)
         if not old_enough:
             report["kept"].append({"path": sibling, "run_id": journal.run_id, "why": "grace period"})
             continue
@@ -89,6 +90,19 @@ def _collect_siblings(journal, now, grace, dry_run, report):
         fsutil.remove_tree(generation, root=software)
 
 
+def _require_left_by_the_run(journal, entry):
+    """The sibling must be the directory the run itself left there: the old live tree after
+    a swap (``live_ino``), the stage when none happened or it was reversed (``stage_ino``).
+    Its name alone is the journal's word: a journal whose trees and entries were all moved,
+    consistently, to another tree would otherwise hand gc that tree's hidden directory."""
+    recorded = {ino for ino in (entry.live_ino, entry.stage_ino) if ino is not None}
+    if os.lstat(entry.retired_path).st_ino not in recorded:
+        raise errors.JournalError(
+            f"run {journal.run_id} records {entry.retired_path}, which is not the tree the run left "
+            "there (neither the live nor the staged inode it recorded); gc stops"
+        )
+
+
 def _report_retired(journal, roots, now, grace, report):
     """A retired module's software directory: ``keep`` or ``manual``, never deleted."""
     software_dir = os.path.normpath(journal.run.software_dir)
@@ -101,10 +115,13 @@ def _report_retired(journal, roots, now, grace, report):
         report["manual"].append({"path": software_dir, "run_id": journal.run_id, "why": why})
 
 
-def gc(state_root, grace_hours=settings.DEFAULT_GRACE_HOURS, dry_run=False, now=None):
+def gc(state_root, grace_hours=settings.DEFAULT_GRACE_HOURS, dry_run=False, now=None, trees=None):
+    """Collect the runs of ``state_root``; ``trees`` (when given) are the only trees they may name."""
     now = now or datetime.datetime.now(datetime.timezone.utc)
     grace = datetime.timedelta(hours=grace_hours)
     runs = journals.run_journals(state_root)
+    for journal in runs:
+        journal.check_trees(trees)
     report: Dict[str, Any] = {
         "removed": [],
         "kept": [],

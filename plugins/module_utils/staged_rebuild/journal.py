@@ -245,6 +245,50 @@ class ModuleEntry:
             module_file=AbsPath(module_paths.module_file()),
         )
 
+    # Where a run keeps this module's files in its run directory (relative to it): the
+    # planner writes them there, and a loaded journal that names any other place is
+    # refused (``check_paths``).
+    def live_record_name(self) -> str:
+        return os.path.join("live", self.name, self.version + ".json")
+
+    def prepared_module_name(self) -> str:
+        return os.path.join("prepared", self.name, os.path.basename(self.module_file))
+
+    def module_backup_name(self) -> str:
+        return os.path.join("backup", self.name, os.path.basename(self.module_file))
+
+    def check_paths(self, where: str, trees: paths.Trees, run_id: str, run_dir: str, state_root: str) -> None:
+        """Every path of the entry is where this run put it, with no link on the way there."""
+        expected = paths.ModulePaths(trees, self.name, self.version, run_id)
+        _require_equal(
+            f"{where}.stable_path", self.stable_path, expected.stable_path, "<software>", trees.software
+        )
+        _require_equal(
+            f"{where}.retired_path", self.retired_path, expected.retired_path, "<software>", trees.software
+        )
+        names = expected.module_file_names()
+        if self.module_file not in names:
+            raise records.RecordError(
+                f"{where}.module_file {self.module_file} is not "
+                + " or ".join(_shown(name, "<modules>", trees.modules) for name in names)
+            )
+        _require_no_link(f"{where}.stable_path", self.stable_path, trees.software)
+        _require_no_link(f"{where}.retired_path", self.retired_path, trees.software)
+        _require_no_link(f"{where}.module_file", self.module_file, trees.modules)
+        for field, place in (
+            ("live_record", os.path.join(run_dir, self.live_record_name())),
+            ("prepared_module", os.path.join(run_dir, self.prepared_module_name())),
+            ("module_backup", os.path.join(run_dir, self.module_backup_name())),
+        ):
+            value = getattr(self, field)
+            if value is not None:
+                _require_equal(f"{where}.{field}", value, place, "<run>", run_dir)
+                _require_no_link(f"{where}.{field}", value, state_root)
+        for index, module_class in enumerate(self.class_links):
+            _require_class(f"{where}.class_links[{index}]", module_class)
+        for module_class in self.class_link_previous:
+            _require_class(f"{where}.class_link_previous", module_class)
+
     def check(self, where: str) -> None:
         if self.module != f"{self.name}/{self.version}":
             raise records.RecordError(f"{where}.module {self.module!r} is not its name/version")
@@ -308,6 +352,102 @@ class Run:
                 raise records.RecordError(
                     f"steps[{index}] acts on {step.step.module}, which the run does not have"
                 )
+
+    def check_paths(self, state_root: str) -> None:
+        """Refuse a run whose paths are not where this state root's runs put them.
+
+        A journal edited by hand could otherwise make rollback, resume or gc move or delete
+        whatever it names. A publish run's paths follow from its trees, its module names and
+        its run id (``paths.ModulePaths``, the run directory); a retire's file is kept where
+        ``paths.retired_module_path`` says and came from a module tree
+        (``paths.software_root_of``). No component below the tree (or the state root) that
+        a path lies in may be a symbolic link. Whether the trees are the ones the command
+        was given is ``check_trees``'s question.
+        """
+        run_dir = os.path.join(state_root, "runs", self.run_id)
+        if self.kind is RunKind.RETIRE:
+            self._check_retire_paths(state_root)
+            return
+        if self.trees is None or self.request is None:  # refused by ``check`` already
+            return
+        if self.request.trees != self.trees:
+            raise records.RecordError(
+                f"trees ({self.trees.software}, {self.trees.modules}) are not the request's "
+                f"({self.request.software}, {self.request.modules})"
+            )
+        for index, entry in enumerate(self.modules):
+            entry.check_paths(f"modules[{index}]", self.trees, self.run_id, run_dir, state_root)
+        for index, step in enumerate(self.steps):
+            if step.step.module_class is not None:
+                _require_class(f"steps[{index}]", step.step.module_class)
+
+    def _check_retire_paths(self, state_root: str) -> None:
+        module_file, retired_to, software_dir = self.module_file, self.retired_to, self.software_dir
+        if module_file is None or retired_to is None or software_dir is None:  # refused by ``check``
+            return
+        if not self.run_id.startswith(paths.RETIRE_RUN_PREFIX):
+            raise records.RecordError(f"run_id {self.run_id!r} of a retire run does not begin with 'retire-'")
+        place = paths.retired_module_path(state_root, self.run_id, module_file)
+        if retired_to != place:
+            raise records.RecordError(
+                f"retired_to {retired_to} is not where run {self.run_id} keeps {module_file} ({place})"
+            )
+        try:
+            software_root = paths.software_root_of(module_file)
+        except errors.UsageError:
+            raise records.RecordError(
+                f"module_file {module_file} is not in a module tree <installpath>/modules/all/<Name>/"
+            ) from None
+        normal = os.path.normpath(software_dir)
+        if not paths.is_inside(normal, software_root) or normal == software_root:
+            raise records.RecordError(
+                f"software_dir {software_dir} is not under {software_root}, "
+                f"the software root of {module_file}"
+            )
+        modules_root = os.path.dirname(os.path.dirname(os.path.dirname(module_file)))
+        _require_no_link("module_file", module_file, modules_root)
+        _require_no_link("retired_to", retired_to, state_root)
+
+    def check_trees(self, trees: Optional[paths.Trees]) -> None:
+        """Refuse a run of other trees than ``trees``, the ones the command was given or
+        configured (None: none was, and the journal's own trees are used)."""
+        if trees is None:
+            return
+        if self.kind is RunKind.PUBLISH and self.trees != trees:
+            shown = self.trees or paths.Trees(AbsPath("/"), AbsPath("/"))
+            raise records.RecordError(
+                f"trees.software {shown.software} and trees.modules {shown.modules} are not the trees "
+                f"given ({trees.software}, {trees.modules})"
+            )
+        module_file = self.module_file
+        if self.kind is RunKind.RETIRE and module_file and not paths.is_inside(module_file, trees.modules):
+            raise records.RecordError(
+                f"module_file {module_file} is not under the module tree given ({trees.modules})"
+            )
+
+
+def _shown(path: str, label: str, root: str) -> str:
+    return label + path[len(root) :] if paths.is_inside(path, root) else path
+
+
+def _require_equal(where: str, value: str, expected: str, label: str, root: str) -> None:
+    if value != expected:
+        raise records.RecordError(f"{where} {value} is not {_shown(expected, label, root)}")
+
+
+def _require_no_link(where: str, path: str, root: str) -> None:
+    try:
+        fsutil.refuse_symlink_components(path, stop_at=root)
+    except errors.UsageError as err:
+        raise records.RecordError(f"{where}: {err}") from None
+
+
+def _require_class(where: str, module_class: str) -> None:
+    # A class is one directory beside ``all``; ``all`` itself would name the module file.
+    if not paths.is_plain_name(module_class) or module_class == "all":
+        raise records.RecordError(
+            f"{where}: {module_class!r} is not a module class (a plain name, not 'all')"
+        )
 
 
 _PUBLISH_FIELDS = ("trees", "request", "backend")
@@ -498,11 +638,20 @@ class Journal:
             if len(raw) > MAX_BYTES:
                 raise records.RecordError(f"larger than {MAX_BYTES} bytes")
             run = parse(raw)
-            if run.run_id != os.path.basename(os.path.dirname(path)) and _in_runs_dir(path):
-                raise records.RecordError(f"run_id {run.run_id!r} is not its directory's name")
+            if _in_runs_dir(path):
+                if run.run_id != os.path.basename(os.path.dirname(path)):
+                    raise records.RecordError(f"run_id {run.run_id!r} is not its directory's name")
+                run.check_paths(os.path.abspath(os.path.dirname(os.path.dirname(os.path.dirname(path)))))
         except records.RecordError as err:
             raise errors.JournalError(f"journal {path}: {err}") from None
         return cls(path, run)
+
+    def check_trees(self, trees: Optional[paths.Trees]) -> None:
+        """Refuse, in one line, a run of other trees than the ones the command was given."""
+        try:
+            self.run.check_trees(trees)
+        except records.RecordError as err:
+            raise errors.JournalError(f"journal {self.path}: {err}") from None
 
     @property
     def state_root(self) -> str:
@@ -639,12 +788,13 @@ def run_journals(state_root: str) -> List[Journal]:
     return journals
 
 
-def check_all(state_root: str) -> None:
-    """Load every journal, without the lock: one that does not load refuses the command
-    before it writes the lock file (the command reads them again under the lock). A run
-    that the lock's holder is creating is hidden until its journal is in it, so it is skipped
-    like any hidden entry."""
-    run_journals(state_root)
+def check_all(state_root: str, trees: Optional[paths.Trees] = None) -> None:
+    """Load every journal, without the lock: one that does not load (or names other trees
+    than ``trees``) refuses the command before it writes the lock file (the command reads
+    them again under the lock). A run that the lock's holder is creating is hidden until its
+    journal is in it, so it is skipped like any hidden entry."""
+    for journal in run_journals(state_root):
+        journal.check_trees(trees)
 
 
 def find(state_root: str, run_id: str) -> Journal:

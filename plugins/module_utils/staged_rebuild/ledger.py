@@ -112,9 +112,7 @@ def length(config):
 def remove_run_records(config, length_before, run_id):
     """Cut the lines a crashed run appended after ``length_before``, if they are all its own."""
     try:
-        with open(config.path, "rb") as handle:
-            handle.seek(length_before)
-            tail = handle.read()
+        tail = fsutil.read_regular(config.path, "ledger")[length_before:]
     except FileNotFoundError:
         return False
     lines = [line for line in tail.splitlines() if line.strip()]

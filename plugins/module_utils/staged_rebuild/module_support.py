@@ -14,7 +14,7 @@ import stat
 
 from . import commands, paths, settings
 from . import journal as journals
-from .request import RebuildRequest
+from .request import RebuildRequest, configured_trees
 
 NO_MODULE_FILE = "(no module file)\n"
 # A link, a directory or a FIFO where a module file was asked for: its content is not shown.
@@ -37,6 +37,12 @@ def common_arguments() -> dict:
 def state_root(params, environ) -> str:
     """The ``state_root`` option, else the host's EB_STAGED_REBUILD_STATE_ROOT; refuses neither."""
     return settings.state_root(params, environ)
+
+
+def host_trees(environ):
+    """The live trees the host's EasyBuild variables name (None: none is set): the journals
+    that resume, rollback and gc act on must name these."""
+    return configured_trees({}, environ)
 
 
 def option_name(name) -> str:

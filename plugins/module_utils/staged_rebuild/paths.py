@@ -76,6 +76,11 @@ def check_run_id(run_id):
     return run_id
 
 
+def is_plain_name(value):
+    """One path component of the kind EasyBuild writes: no '/', no '..', no leading '.'."""
+    return bool(_COMPONENT.match(value))
+
+
 def is_inside(path, root):
     path, root = os.path.normpath(path), os.path.normpath(root)
     return path == root or path.startswith(root.rstrip("/") + "/")
@@ -104,10 +109,15 @@ class ModulePaths:
     def module(self):
         return f"{self.name}/{self.version}"
 
+    def module_file_names(self):
+        """The two names the module file can have: the Lua file and the Tcl file."""
+        return os.path.join(self.module_dir, self.version + ".lua"), os.path.join(
+            self.module_dir, self.version
+        )
+
     def module_file(self):
         """The live module file: the Lua file, else an existing Tcl file, else where Lua goes."""
-        lua = os.path.join(self.module_dir, self.version + ".lua")
-        tcl = os.path.join(self.module_dir, self.version)
+        lua, tcl = self.module_file_names()
         if not os.path.lexists(lua) and os.path.lexists(tcl):
             return tcl
         return lua
@@ -118,6 +128,28 @@ class ModulePaths:
             os.path.join(generation, "software", self.name, self.version),
             os.path.join(generation, "modules", "all", self.name, self.version + ".lua"),
         )
+
+
+RETIRE_RUN_PREFIX = "retire-"
+
+
+def retired_module_path(state_root, run_id, module_file):
+    """Where the retire ``run_id`` keeps ``module_file``: the only place its rollback takes a
+    file from, so that a journal edited by hand cannot move another file into place."""
+    return os.path.join(state_root, "retired", run_id[len(RETIRE_RUN_PREFIX) :], module_file.lstrip("/"))
+
+
+def software_root_of(module_file):
+    """The software root that a module file's root must lie under: ``<installpath>/software``
+    for a module file at ``<installpath>/modules/all/<Name>/<file>``, as EasyBuild lays it out."""
+    module_dir = os.path.dirname(module_file)
+    all_dir = os.path.dirname(module_dir)
+    if os.path.basename(all_dir) != "all" or module_dir == all_dir:
+        raise errors.UsageError(
+            f"module file {module_file} is not in a module tree <installpath>/modules/all/<Name>/; "
+            "refusing to retire it"
+        )
+    return os.path.join(os.path.dirname(os.path.dirname(all_dir)), "software")
 
 
 def require_live_dir(paths):

@@ -71,9 +71,7 @@ def record_live(journal, entry, skip):
         entry.live_record = None
         return
     digest = json.dumps(fsutil.tree_digest(entry.stable_path), sort_keys=True, indent=2) + "\n"
-    entry.live_record = journal.write_file(
-        os.path.join("live", entry.name, entry.version + ".json"), digest.encode("utf-8")
-    )
+    entry.live_record = journal.write_file(entry.live_record_name(), digest.encode("utf-8"))
 
 
 def check_live(entry):
@@ -103,9 +101,7 @@ def _prepare_module(journal, entry, staged_install, staged_module):
             f"module file {staged_module} names root {built_root}, not the staged install {staged_install}"
         )
     prepared = modulefile.encode(modulefile.with_root(text, entry.stable_path))
-    entry.prepared_module = journal.write_file(
-        os.path.join("prepared", entry.name, os.path.basename(entry.module_file)), prepared
-    )
+    entry.prepared_module = journal.write_file(entry.prepared_module_name(), prepared)
     entry.new_module_sha256 = modulefile.module_hash(prepared)
 
 
@@ -120,9 +116,7 @@ def _back_up_module(journal, trees, entry):
     # From modules/all/<Name> opened without following a link: the backup rollback restores
     # is the live module file, never a file of a tree a swapped-in link points to.
     old = fsutil.read_regular(module_file, "module file", root=trees.modules)
-    entry.module_backup = journal.write_file(
-        os.path.join("backup", entry.name, os.path.basename(module_file)), old
-    )
+    entry.module_backup = journal.write_file(entry.module_backup_name(), old)
     entry.old_module_sha256 = modulefile.module_hash(old)
 
 

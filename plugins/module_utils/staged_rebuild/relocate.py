@@ -19,6 +19,7 @@ import os
 import re
 import stat
 
+from ..common import errors
 from . import fsutil
 
 # One chunk of Lmod's saved module table, as a Lua or Tcl modulefile sets it.
@@ -102,9 +103,15 @@ def _rewrite_bytes(data, rewrites):
 def _read_if_named(path, rewrites):
     """What to do with one file: None (it names no generation path, plainly or in a module
     table), ``"binary"`` (it has a NUL byte and names one), or its bytes (text to rewrite)."""
-    fd = fsutil.open_nofollow(path, os.O_RDONLY)
+    # The walk saw a regular file by name; what is opened is checked again by descriptor, so
+    # a FIFO swapped in after the walk's lstat neither blocks the open nor is read.
+    fd = fsutil.open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise errors.UsageError(f"{path} in the staged install is no longer a regular file")
     with os.fdopen(fd, "rb") as handle:
-        if os.fstat(handle.fileno()).st_size == 0:
+        if info.st_size == 0:
             return None
         with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
             named = _names_generation(view, rewrites)

@@ -122,6 +122,18 @@ def live_trees(values: Mapping[str, Any], environ: Mapping[str, str]) -> paths.T
     return paths.Trees(AbsPath(found[0]), AbsPath(found[1]))
 
 
+TREE_OPTIONS = ("installpath", "installpath_software", "installpath_modules")
+TREE_VARIABLES = ("EASYBUILD_INSTALLPATH", "EASYBUILD_INSTALLPATH_SOFTWARE", "EASYBUILD_INSTALLPATH_MODULES")
+
+
+def configured_trees(values: Mapping[str, Any], environ: Mapping[str, str]) -> Optional[paths.Trees]:
+    """The live trees a command acting on journals was given or configured, as ``live_trees``
+    resolves them; None when no option and no variable names any (the journals' own count)."""
+    if not any(values.get(name) for name in TREE_OPTIONS) and not any(environ.get(v) for v in TREE_VARIABLES):
+        return None
+    return live_trees(values, environ)
+
+
 def resolve(values: Mapping[str, Any], environ: Mapping[str, str], eb_args: List[str]) -> RebuildRequest:
     """The request of ``values`` (options by name) and ``environ``, checked against the disk."""
     trees = live_trees(values, environ)

@@ -67,17 +67,9 @@ def module_root_of(module_file):
     return os.path.dirname(os.path.dirname(os.path.dirname(module_file)))
 
 
-def software_root_of(module_file):
-    """The software root that a module file's root must lie under: ``<installpath>/software``
-    for a module file at ``<installpath>/modules/all/<Name>/<file>``, as EasyBuild lays it out."""
-    module_dir = os.path.dirname(module_file)
-    all_dir = os.path.dirname(module_dir)
-    if os.path.basename(all_dir) != "all" or module_dir == all_dir:
-        raise errors.UsageError(
-            f"module file {module_file} is not in a module tree <installpath>/modules/all/<Name>/; "
-            "refusing to retire it"
-        )
-    return os.path.join(os.path.dirname(os.path.dirname(all_dir)), "software")
+# Where a retire keeps its file and which software root it belongs to are paths' rules: the
+# journal checks a loaded retire record against the same two functions.
+software_root_of = paths.software_root_of
 
 
 def check(module_file, reason, state_root):
@@ -120,13 +112,8 @@ def check(module_file, reason, state_root):
     return module_file, data, normal_root
 
 
-RUN_PREFIX = "retire-"
-
-
-def retired_path(state_root, run_id, module_file):
-    """Where the retire ``run_id`` keeps ``module_file``: the only place its rollback takes a
-    file from, so that a journal edited by hand cannot move another file into place."""
-    return os.path.join(state_root, "retired", run_id[len(RUN_PREFIX) :], module_file.lstrip("/"))
+RUN_PREFIX = paths.RETIRE_RUN_PREFIX
+retired_path = paths.retired_module_path
 
 
 def retire(state_root, module_file, reason):

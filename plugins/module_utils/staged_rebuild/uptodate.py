@@ -17,6 +17,7 @@ import bz2
 import glob
 import gzip
 import os
+import stat
 from typing import Any, Callable, Dict
 
 from ..common import errors
@@ -75,18 +76,32 @@ def _why_stale(install, easyconfig_name, contents, version):
     return None
 
 
+def _log_head(path):
+    """The first bytes of the log ``path``, uncompressed: opened without following a link or
+    blocking (a FIFO there would stop the comparison), and read only if it is a regular file."""
+    fd = fsutil.open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK)
+    # Checked on the descriptor, before io makes a file object of it (which refuses a
+    # directory with an error of its own).
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise errors.UsageError(f"EasyBuild log {path} is not a regular file")
+    with os.fdopen(fd, "rb") as raw:
+        opener = _OPENERS.get(os.path.splitext(path)[1])
+        if opener is None:
+            return raw.read(_LOG_HEAD_BYTES)
+        with opener(raw, "rb") as handle:
+            return handle.read(_LOG_HEAD_BYTES)
+
+
 def recorded_easybuild_version(log_dir):
     """``(major, minor, patch)`` from the newest EasyBuild log in ``log_dir``, or None."""
     logs = sorted(glob.glob(os.path.join(glob.escape(log_dir), "easybuild-*.log*")))
     logs = [log for log in logs if not log.endswith("_test_report.md")]
     if not logs:
         return None
-    newest = logs[-1]
-    opener = _OPENERS.get(os.path.splitext(newest)[1], open)
     try:
-        with opener(newest, "rb") as handle:
-            head = handle.read(_LOG_HEAD_BYTES).decode("utf-8", "replace")
-    except (OSError, EOFError):
+        head = _log_head(logs[-1]).decode("utf-8", "replace")
+    except (OSError, EOFError, errors.UsageError):
         return None
     found = probe.EB_VERSION_PATTERN.search(head)
     return tuple(int(part) for part in found.groups()) if found else None

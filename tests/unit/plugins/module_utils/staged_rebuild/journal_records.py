@@ -66,14 +66,17 @@ def retire_journal(
     run_id,
     *,
     module_file,
-    retired_to,
     software_dir,
+    retired_to=None,
     reason="on CVMFS",
     state=RunState.RETIRED,
     retired_at=None,
 ):
-    """A retire run's journal in ``runs_dir`` (created if need be)."""
+    """A retire run's journal in ``runs_dir`` (created if need be); its file kept where
+    ``retire.retire`` keeps it unless ``retired_to`` says otherwise."""
     os.makedirs(runs_dir, exist_ok=True)
+    if retired_to is None:
+        retired_to = paths.retired_module_path(os.path.dirname(str(runs_dir)), run_id, str(module_file))
     return Journal.create(
         str(runs_dir),
         run_id,

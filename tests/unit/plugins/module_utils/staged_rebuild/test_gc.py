@@ -69,6 +69,9 @@ class Site:
         journal = publish_journal(self.runs, run_id, self.trees, modules, state=state)
         for entry in journal.modules:
             assert entry.retired_path == str(self.sibling(entry.module, run_id))
+            # As the swap leaves them: the new tree (the stage) live, the old one beside it.
+            entry.stage_ino = os.lstat(entry.stable_path).st_ino
+            entry.live_ino = os.lstat(entry.retired_path).st_ino
             entry.retired_path = (retired_paths or {}).get(entry.module, entry.retired_path)
         _age(journal, since)
         return journal
@@ -81,7 +84,6 @@ class Site:
             run_id,
             state=state,
             module_file=module_file,
-            retired_to=self.state_root / "retired" / "stamp" / str(module_file).lstrip("/"),
             software_dir=software_dir,
             retired_at=since.isoformat(),
         )
@@ -250,8 +252,10 @@ def test_a_journal_doctored_to_name_the_stable_path_stops_gc_and_the_stable_path
     with pytest.raises(errors.JournalError) as raised:
         site.gc(now=T0 + 10 * GRACE)
 
+    # Refused as the journal is loaded: the retired path is not where the run puts it.
     assert str(raised.value) == (
-        f"run run1 records {stable}, which is not a hidden sibling of {stable}; gc stops"
+        f"journal {site.runs / 'run1' / 'journal.json'}: modules[0].retired_path {stable} "
+        "is not <software>/TinyApp/.1.0.run1"
     )
     assert _identity(site.stable("TinyApp/1.0")) == live
 
@@ -275,7 +279,9 @@ def test_a_journal_naming_anything_but_the_runs_hidden_sibling_stops_gc(site, do
     journal.modules[0].retired_path = target
     journal.save()
 
-    with pytest.raises(errors.JournalError, match="gc stops"):
+    with pytest.raises(
+        errors.JournalError, match=r"modules\[0\]\.retired_path .* is not <software>/TinyApp/\.1\.0\.run1$"
+    ):
         site.gc(now=T0 + 10 * GRACE)
 
     assert os.path.isdir(target)
@@ -311,7 +317,7 @@ def test_a_sibling_that_is_a_symlink_stops_gc_and_its_target_stays(site, tmp_pat
     (target / "PAYLOAD").write_text("precious\n")
     sibling.symlink_to(target)
 
-    with pytest.raises(errors.JournalError, match="gc stops"):
+    with pytest.raises(errors.JournalError, match=r"modules\[0\]\.retired_path: .* is a symbolic link"):
         site.gc(now=T0 + 10 * GRACE)
 
     assert (target / "PAYLOAD").read_text() == "precious\n"
@@ -502,3 +508,45 @@ def test_a_tracked_root_that_only_shares_a_prefix_does_not_keep_a_retired_dir(si
     report = site.gc(now=T0 + GRACE)
 
     assert [entry["path"] for entry in report["manual"]] == [str(software_dir)]
+
+
+def test_a_sibling_that_is_not_the_directory_the_run_left_stops_gc_and_stays(site):
+    # Same name, another directory: what a journal moved whole to another tree would name.
+    site.publish_run("run1")
+    sibling = site.sibling("TinyApp/1.0", "run1")
+    os.rename(sibling, site.software / "TinyApp" / "moved-away")
+    (sibling / "PAYLOAD").parent.mkdir()
+    (sibling / "PAYLOAD").write_text("precious\n")
+
+    with pytest.raises(errors.JournalError) as raised:
+        site.gc(now=T0 + 10 * GRACE)
+
+    assert str(raised.value) == (
+        f"run run1 records {sibling}, which is not the tree the run left there "
+        "(neither the live nor the staged inode it recorded); gc stops"
+    )
+    assert (sibling / "PAYLOAD").read_text() == "precious\n"
+
+
+def test_a_sibling_of_a_run_that_recorded_no_inode_stops_gc_and_stays(site):
+    journal = site.publish_run("run1")
+    journal.modules[0].stage_ino = journal.modules[0].live_ino = None
+    journal.save()
+
+    with pytest.raises(errors.JournalError, match="gc stops"):
+        site.gc(now=T0 + 10 * GRACE)
+
+    assert site.sibling("TinyApp/1.0", "run1").is_dir()
+
+
+def test_a_sibling_holding_the_stage_of_a_reversed_run_is_removed(site):
+    # After a rollback (or a reversed swap) the sibling holds the stage, whose inode the run
+    # recorded as stage_ino.
+    journal = site.publish_run("run1", state=RunState.ROLLED_BACK)
+    entry = journal.modules[0]
+    entry.stage_ino, entry.live_ino = entry.live_ino, entry.stage_ino
+    journal.save()
+
+    report = site.gc(now=T0 + 10 * GRACE)
+
+    assert [item["path"] for item in report["removed"]] == [str(site.sibling("TinyApp/1.0", "run1"))]

@@ -1243,9 +1243,8 @@ def test_interrupted_lists_the_runs_that_resume_must_finish(runs, tmp_path):
             moved = tmp_path / "apps" / "modules" / "all" / "TinyOld" / "1.0.lua"
             journal = retire_journal(
                 runs,
-                f"run-{state.value}",
+                f"retire-{state.value}",
                 module_file=moved,
-                retired_to=tmp_path / "r.lua",
                 software_dir=tmp_path / "apps" / "software" / "TinyOld" / "1.0",
                 state=state,
             )
@@ -1318,3 +1317,303 @@ def test_find_refuses_a_run_id_that_leaves_the_runs_directory(runs, tmp_path):
 
     with pytest.raises(errors.UsageError):
         journals.find(str(tmp_path), "../outside")
+
+
+# the paths a journal names: where this state root's runs put them
+
+STATE_ROOT = "/apps/.eb-staged-rebuild"
+
+
+def _run_of(document):
+    return journals.parse(json.dumps(document).encode())
+
+
+def _path_refusal(document, state_root=STATE_ROOT):
+    with pytest.raises(records.RecordError) as raised:
+        _run_of(document).check_paths(state_root)
+    message = str(raised.value)
+    assert "\n" not in message
+    return message
+
+
+def test_the_paths_of_a_publish_and_a_retire_run_as_the_tool_writes_them_pass():
+    _run_of(PREVIOUS_PUBLISH).check_paths(STATE_ROOT)
+    _run_of(PREVIOUS_RETIRE).check_paths(STATE_ROOT)
+
+
+def test_a_tcl_module_file_and_the_files_named_after_it_pass():
+    document = copy.deepcopy(PREVIOUS_PUBLISH)
+    entry = document["modules"][0]
+    entry["module_file"] = "/apps/modules/all/TinyApp/1.0"
+    entry["prepared_module"] = f"{STATE_ROOT}/runs/run2/prepared/TinyApp/1.0"
+    entry["module_backup"] = f"{STATE_ROOT}/runs/run2/backup/TinyApp/1.0"
+
+    _run_of(document).check_paths(STATE_ROOT)
+
+
+def test_an_entry_without_its_optional_files_passes():
+    document = copy.deepcopy(PREVIOUS_PUBLISH)
+    for field in ("live_record", "prepared_module", "module_backup"):
+        document["modules"][0][field] = None
+
+    _run_of(document).check_paths(STATE_ROOT)
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "why"),
+    [
+        (
+            "modules[0].stable_path",
+            "/other/TinyApp/1.0",
+            "modules[0].stable_path /other/TinyApp/1.0 is not <software>/TinyApp/1.0",
+        ),
+        (
+            "modules[0].stable_path",
+            "/apps/software/TinyApp/./1.0",
+            "modules[0].stable_path /apps/software/TinyApp/./1.0 is not <software>/TinyApp/1.0",
+        ),
+        (
+            "modules[0].stable_path",
+            "/apps/software/Other/1.0",
+            "modules[0].stable_path /apps/software/Other/1.0 is not <software>/TinyApp/1.0",
+        ),
+        (
+            "modules[0].retired_path",
+            "/other/TinyApp/.1.0.run2",
+            "modules[0].retired_path /other/TinyApp/.1.0.run2 is not <software>/TinyApp/.1.0.run2",
+        ),
+        (
+            "modules[0].retired_path",
+            "/apps/software/TinyApp/.1.0.run1",
+            "modules[0].retired_path /apps/software/TinyApp/.1.0.run1 is not <software>/TinyApp/.1.0.run2",
+        ),
+        (
+            "modules[0].retired_path",
+            "/apps/software/TinyApp/1.0",
+            "modules[0].retired_path /apps/software/TinyApp/1.0 is not <software>/TinyApp/.1.0.run2",
+        ),
+        (
+            "modules[0].module_file",
+            "/etc/passwd",
+            "modules[0].module_file /etc/passwd is not <modules>/all/TinyApp/1.0.lua "
+            "or <modules>/all/TinyApp/1.0",
+        ),
+        (
+            "modules[0].module_file",
+            "/apps/modules/tools/TinyApp/1.0.lua",
+            "modules[0].module_file /apps/modules/tools/TinyApp/1.0.lua is not "
+            "<modules>/all/TinyApp/1.0.lua or <modules>/all/TinyApp/1.0",
+        ),
+        (
+            "modules[0].live_record",
+            "/tmp/1.0.json",
+            "modules[0].live_record /tmp/1.0.json is not <run>/live/TinyApp/1.0.json",
+        ),
+        (
+            "modules[0].prepared_module",
+            f"{STATE_ROOT}/runs/run1/prepared/TinyApp/1.0.lua",
+            f"modules[0].prepared_module {STATE_ROOT}/runs/run1/prepared/TinyApp/1.0.lua is not "
+            "<run>/prepared/TinyApp/1.0.lua",
+        ),
+        (
+            "modules[0].module_backup",
+            "/etc/shadow",
+            "modules[0].module_backup /etc/shadow is not <run>/backup/TinyApp/1.0.lua",
+        ),
+        (
+            "modules[0].class_links",
+            ["../x"],
+            "modules[0].class_links[0]: '../x' is not a module class (a plain name, not 'all')",
+        ),
+        (
+            "modules[0].class_links",
+            ["all"],
+            "modules[0].class_links[0]: 'all' is not a module class (a plain name, not 'all')",
+        ),
+        (
+            "modules[0].class_links",
+            [".hidden"],
+            "modules[0].class_links[0]: '.hidden' is not a module class (a plain name, not 'all')",
+        ),
+        (
+            "modules[0].class_link_previous",
+            {"a/b": None},
+            "modules[0].class_link_previous: 'a/b' is not a module class (a plain name, not 'all')",
+        ),
+        (
+            "trees.software",
+            "/other/software",
+            "trees (/other/software, /apps/modules) are not the request's (/apps/software, /apps/modules)",
+        ),
+        (
+            "steps[2].step",
+            "class-link .. TinyApp/1.0",
+            "steps[2]: '..' is not a module class (a plain name, not 'all')",
+        ),
+    ],
+)
+def test_a_publish_run_naming_a_path_elsewhere_is_refused_naming_the_field(where, value, why):
+    assert _path_refusal(_set(PREVIOUS_PUBLISH, where, value)) == why
+
+
+def test_a_publish_run_of_another_state_root_is_refused():
+    assert _path_refusal(PREVIOUS_PUBLISH, "/other/state") == (
+        f"modules[0].live_record {STATE_ROOT}/runs/run2/live/TinyApp/1.0.json is not "
+        "<run>/live/TinyApp/1.0.json"
+    )
+
+
+def _retire_document(**fields):
+    return _with(PREVIOUS_RETIRE, **fields)
+
+
+RETIRED_TO = PREVIOUS_RETIRE["retired_to"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        (
+            {"retired_to": "/etc/passwd"},
+            f"retired_to /etc/passwd is not where run retire-20261201T224404384606Z keeps "
+            f"/apps/modules/all/TinyLib/1.0.lua ({RETIRED_TO})",
+        ),
+        (
+            {"module_file": "/apps/modules/all/TinyLib/2.0.lua"},
+            f"retired_to {RETIRED_TO} is not where run retire-20261201T224404384606Z keeps "
+            f"/apps/modules/all/TinyLib/2.0.lua ({STATE_ROOT}/retired/20261201T224404384606Z"
+            "/apps/modules/all/TinyLib/2.0.lua)",
+        ),
+        (
+            {
+                "module_file": "/etc/x.lua",
+                "retired_to": f"{STATE_ROOT}/retired/20261201T224404384606Z/etc/x.lua",
+            },
+            "module_file /etc/x.lua is not in a module tree <installpath>/modules/all/<Name>/",
+        ),
+        (
+            {"software_dir": "/other/software/TinyLib/1.0"},
+            "software_dir /other/software/TinyLib/1.0 is not under /apps/software, "
+            "the software root of /apps/modules/all/TinyLib/1.0.lua",
+        ),
+        (
+            {"software_dir": "/apps/software"},
+            "software_dir /apps/software is not under /apps/software, "
+            "the software root of /apps/modules/all/TinyLib/1.0.lua",
+        ),
+        (
+            {"run_id": "moved-1"},
+            "run_id 'moved-1' of a retire run does not begin with 'retire-'",
+        ),
+    ],
+)
+def test_a_retire_run_naming_a_path_elsewhere_is_refused_naming_the_field(fields, why):
+    assert _path_refusal(_retire_document(**fields)) == why
+
+
+def _linked_site(tmp_path):
+    """A publish journal of a real tree under ``tmp_path``, its state root ``tmp_path/state``."""
+    trees = _trees(tmp_path)
+    state_root = tmp_path / "state"
+    journal = publish_journal(state_root / "runs", "run1", trees)
+    return journal, trees, state_root
+
+
+@pytest.mark.parametrize(
+    ("linked", "where"),
+    [
+        ("software/TinyApp", "modules[0].stable_path"),
+        ("modules/all/TinyApp", "modules[0].module_file"),
+    ],
+)
+def test_a_path_through_a_symlinked_directory_below_its_tree_is_refused(tmp_path, linked, where):
+    journal, _trees_of, _state_root = _linked_site(tmp_path)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    link = tmp_path / "apps" / linked
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(victim)
+
+    with pytest.raises(errors.JournalError) as raised:
+        journals.Journal.load(journal.path)
+
+    assert str(raised.value) == (
+        f"journal {journal.path}: {where}: {link} is a symbolic link (in {link}/"
+        + ("1.0" if linked.startswith("software") else "1.0.lua")
+        + "); symlink components are refused"
+    )
+
+
+def test_a_symlinked_tree_root_itself_is_trusted(tmp_path):
+    # A site may keep its software root behind a link: only what lies below it is checked.
+    real = tmp_path / "real-apps"
+    (real / "software" / "TinyApp" / "1.0").mkdir(parents=True)
+    (tmp_path / "apps").symlink_to(real)
+    journal, _trees_of, _state_root = _linked_site(tmp_path)
+
+    assert journals.Journal.load(journal.path).run == journal.run
+
+
+def test_load_checks_the_paths_of_a_journal_in_a_runs_directory(tmp_path):
+    # PREVIOUS_PUBLISH names the state root /apps/.eb-staged-rebuild: under another, its run
+    # files are not where this state root's runs put them.
+    path = _write(tmp_path / "state" / "runs" / "run2" / "journal.json", PREVIOUS_PUBLISH)
+
+    with pytest.raises(errors.JournalError) as raised:
+        journals.Journal.load(str(path))
+
+    assert str(raised.value).startswith(f"journal {path}: modules[0].live_record ")
+
+
+def test_check_trees_accepts_the_journal_s_own_trees_and_no_trees():
+    run = _run_of(PREVIOUS_PUBLISH)
+
+    run.check_trees(None)
+    run.check_trees(paths.Trees("/apps/software", "/apps/modules"))
+    run.check_trees(paths.Trees("/apps/software/", "/apps//modules"))  # as the options spell them
+
+
+@pytest.mark.parametrize(
+    "trees", [("/other/software", "/apps/modules"), ("/apps/software", "/other/modules")]
+)
+def test_check_trees_refuses_a_publish_run_of_other_trees(trees):
+    given = paths.Trees(*trees)
+
+    with pytest.raises(records.RecordError) as raised:
+        _run_of(PREVIOUS_PUBLISH).check_trees(given)
+
+    assert str(raised.value) == (
+        "trees.software /apps/software and trees.modules /apps/modules are not the trees given "
+        f"({given.software}, {given.modules})"
+    )
+
+
+def test_check_trees_refuses_a_retire_of_a_module_file_outside_the_module_tree_given():
+    run = _run_of(PREVIOUS_RETIRE)
+    run.check_trees(paths.Trees("/apps/software", "/apps/modules"))
+
+    with pytest.raises(records.RecordError) as raised:
+        run.check_trees(paths.Trees("/other/software", "/other/modules"))
+
+    assert str(raised.value) == (
+        "module_file /apps/modules/all/TinyLib/1.0.lua is not under the module tree given (/other/modules)"
+    )
+
+
+def test_journal_check_trees_names_the_journal(runs):
+    journal = _create(runs)
+
+    with pytest.raises(errors.JournalError) as raised:
+        journal.check_trees(paths.Trees("/other/software", "/other/modules"))
+
+    assert str(raised.value).startswith(f"journal {journal.path}: trees.software ")
+    assert raised.value.kind == "journal"
+
+
+def test_a_journal_named_by_a_relative_path_is_checked_against_its_absolute_state_root(
+    runs, tmp_path, monkeypatch
+):
+    journal = _create(runs)
+    monkeypatch.chdir(tmp_path)
+
+    assert journals.Journal.load(os.path.join("runs", "run1", "journal.json")).run == journal.run

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import relocate
 
 RUN_ID = "run1"
@@ -601,3 +602,21 @@ def test_a_module_table_without_its_size_line_is_rewritten_whole(tmp_path):
     relocate.relocate([str(devel.parent)], rewrites)
 
     assert _decoded_table(devel.read_bytes()) == b'mpathA = { "/apps/modules/all", "/apps/modules/all" }'
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_file_that_is_no_longer_regular_when_opened_is_refused_not_read(tmp_path, kind):
+    # What a FIFO swapped in between the walk's lstat and the open would meet: refused by
+    # descriptor, at once, with the path named.
+    path = tmp_path / "bin" / "tool"
+    path.parent.mkdir()
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+    rewrites = relocate.mapping("/apps/software/.g/run1", "/apps/software", "/apps/modules")
+
+    with pytest.raises(errors.UsageError) as raised:
+        relocate._read_if_named(str(path), rewrites)
+
+    assert str(raised.value) == f"{path} in the staged install is no longer a regular file"

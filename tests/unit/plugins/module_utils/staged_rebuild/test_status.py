@@ -42,7 +42,6 @@ def _retire(state_root, run_id, created):
         state_root / "runs",
         run_id,
         module_file="/apps/modules/all/Moved/1.0.lua",
-        retired_to=f"{state_root}/retired/stamp/apps/modules/all/Moved/1.0.lua",
         software_dir="/apps/software/Moved/1.0",
         reason="on CVMFS",
     )
@@ -123,7 +122,7 @@ def test_status_lists_a_retire_run_with_its_module_file_and_reason(state_root):
     assert {key: run[key] for key in ("kind", "module_file", "retired_to", "software_dir", "reason")} == {
         "kind": "retire",
         "module_file": "/apps/modules/all/Moved/1.0.lua",
-        "retired_to": f"{state_root}/retired/stamp/apps/modules/all/Moved/1.0.lua",
+        "retired_to": f"{state_root}/retired/1/apps/modules/all/Moved/1.0.lua",
         "software_dir": "/apps/software/Moved/1.0",
         "reason": "on CVMFS",
     }

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import os
+import socket
+import threading
 
 import pytest
 
@@ -156,3 +159,49 @@ def test_requested_easyconfigs_are_the_positional_eb_files():
     args = ["--robot", "A-1.eb", "--try-toolchain=GCC,13", "/x/B-2.eb", "--hooks=h.py", "notes.txt"]
 
     assert uptodate.requested_easyconfigs(args) == ["A-1.eb", "/x/B-2.eb"]
+
+
+def _plant_in_place_of(path, kind):
+    path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "symlink":
+        # A link to a log of the right version: followed, it would make the module up to date.
+        target = path.parent / "elsewhere.log"
+        target.write_text(LOG_LINE.format("5.4.1", "5.4.1"))
+        path.symlink_to(target)
+    else:
+        with socket.socket(socket.AF_UNIX) as server:
+            cwd = os.getcwd()
+            os.chdir(path.parent)  # a socket's path must fit in 108 bytes
+            try:
+                server.bind(path.name)
+            finally:
+                os.chdir(cwd)
+
+
+def _compare_within(request, seconds=10):
+    """``compare(request)`` in a thread that must end within ``seconds`` (a FIFO read blocks)."""
+    results = []
+    worker = threading.Thread(target=lambda: results.append(uptodate.compare(request)), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), "compare blocked on the log"
+    return results[0]
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+@pytest.mark.parametrize("kind", ["fifo", "directory", "socket", "symlink"])
+def test_a_newest_log_that_is_not_a_regular_file_is_not_read_and_counts_as_an_unknown_version(
+    tmp_path, eb, kind, suffix
+):
+    opener = gzip.open if suffix else open
+    records = _install(tmp_path / "software", APP, versions=("5.4.1",), opener=opener, suffix=suffix)
+    (log,) = records.glob("easybuild-*.log*")
+    _plant_in_place_of(log, kind)
+
+    results = _compare_within(_request(tmp_path, eb))
+
+    assert _why(results) == {APP: (False, "built by EasyBuild an unknown version, not by 5.4.1")}
