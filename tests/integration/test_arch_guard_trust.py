@@ -84,6 +84,7 @@ def test_3000_planted_temporary_names_do_not_serialise_a_step_of_64_tasks(
         os.path.basename(cache_path),
         os.path.basename(cache_path) + ".lock",
     }
+    print(f"64 tasks: {clean_took:.1f} s unplanted, {took:.1f} s with {PLANTED} planted names")
     # Within 1.5x of the unplanted step (plus 2 s for two busy shared cores).
     assert took <= 1.5 * clean_took + 2, (took, clean_took)
 

@@ -125,7 +125,7 @@ def crash_at(site: StagedSite, point: str, argv: List[str]) -> None:
             run_cli(site, argv, Killing())
         finally:
             os._exit(3)
-    _, status = os.waitpid(pid, 0)
+    _pid, status = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(status), f"{point}: status {status}"
     assert os.WTERMSIG(status) == signal.SIGKILL, f"{point}: status {status}"
 
@@ -253,7 +253,7 @@ def _crashed(point: str, state: str) -> Callable[[StagedSite], dict]:
     return setup
 
 
-def _resume_again_returns_to_the_old_tree(site: StagedSite, context: dict, _before) -> None:
+def _assert_resume_again_returns_to_the_old_tree(site: StagedSite, context: dict, _before) -> None:
     (run,) = run_cli(site, ["--json", "resume"]).result()["runs"]
     assert (run["run_id"], run["state"], run["changed"]) == ("run1", "failed", True)
     assert without_siblings(trees(site), site) == without_siblings(context["old"], site)
@@ -266,7 +266,7 @@ def _still(state: str, run_id: str = "run1") -> Callable[[StagedSite, dict], Non
     return check
 
 
-def _rollback_again_puts_the_old_tree_back(site: StagedSite, context: dict, _before) -> None:
+def _assert_rollback_again_puts_the_old_tree_back(site: StagedSite, context: dict, _before) -> None:
     result = run_cli(site, ["--json", "rollback", "run1"]).result()
     assert (result["state"], result["changed"]) == ("rolled_back", True)
     assert without_siblings(trees(site), site) == without_siblings(context["old"], site)
@@ -283,7 +283,7 @@ def _retire_left_no_interrupted_run(site: StagedSite, context: dict) -> None:
     assert not INTERRUPTED & set(states.values()), states
 
 
-def _retire_again_retires(site: StagedSite, context: dict, _before) -> None:
+def _assert_retire_again_retires(site: StagedSite, context: dict, _before) -> None:
     result = run_cli(site, _retire_argv(site, context)).result()
     assert result["state"] == "retired"
     assert not site.module_file(APP).exists()
@@ -302,7 +302,7 @@ def _rollback_of_retire_argv(_site: StagedSite, context: dict) -> List[str]:
     return ["--json", "rollback", context["run_id"]]
 
 
-def _rollback_of_retire_again_puts_it_back(site: StagedSite, context: dict, _before) -> None:
+def _assert_rollback_of_retire_again_puts_it_back(site: StagedSite, context: dict, _before) -> None:
     result = run_cli(site, _rollback_of_retire_argv(site, context)).result()
     assert (result["state"], result["changed"]) == ("rolled_back", True)
     assert trees(site) == context["old"]
@@ -312,7 +312,7 @@ def _gc_removed(site: StagedSite, points: List[str]) -> List[Path]:
     return [site.software / point[len("gc remove ") :] for point in points if point.startswith("gc remove ")]
 
 
-def _gc_again_removes_the_old_trees(site: StagedSite, context: dict, before: dict) -> None:
+def _assert_gc_again_removes_the_old_trees(site: StagedSite, context: dict, before: dict) -> None:
     report = run_cli(site, ["--json", "gc", "--grace-hours", "0"]).result()
     assert report["interrupted"] == []
     assert report["incomplete"] == []
@@ -352,32 +352,32 @@ COMMANDS: Dict[str, Command] = {
         setup=_crashed(f"journal class-link tools {APP}", "publishing"),
         argv=lambda site, context: ["--json", "resume"],
         after_failure=_still("publishing"),
-        next=_resume_again_returns_to_the_old_tree,
+        next=_assert_resume_again_returns_to_the_old_tree,
     ),
     "rollback": Command(
         setup=lambda site: _published(site, "run1"),
         argv=lambda site, context: ["--json", "rollback", "run1"],
         after_failure=_still("published"),
-        next=_rollback_again_puts_the_old_tree_back,
+        next=_assert_rollback_again_puts_the_old_tree_back,
     ),
     "retire": Command(
         setup=_old_site,
         argv=_retire_argv,
         after_failure=_retire_left_no_interrupted_run,
-        next=_retire_again_retires,
+        next=_assert_retire_again_retires,
     ),
     "rollback_of_retire": Command(
         setup=_retired,
         argv=_rollback_of_retire_argv,
         after_failure=_still("retired"),
-        next=_rollback_of_retire_again_puts_it_back,
+        next=_assert_rollback_of_retire_again_puts_it_back,
     ),
     # Two publishes of the same module: two old trees for gc to remove.
     "gc": Command(
         setup=lambda site: _published(site, "run1", "run2"),
         argv=lambda site, context: ["--json", "gc", "--grace-hours", "0"],
         after_failure=_nothing,
-        next=_gc_again_removes_the_old_trees,
+        next=_assert_gc_again_removes_the_old_trees,
         removed=_gc_removed,
     ),
 }
@@ -560,7 +560,7 @@ def test_rollback_on_a_really_full_module_tree_keeps_the_published_tree_and_work
     assert trees(site) == published
     assert journal_state(site, "run1") == "published"
     filler.unlink()
-    _rollback_again_puts_the_old_tree_back(site, context, published)
+    _assert_rollback_again_puts_the_old_tree_back(site, context, published)
 
 
 def test_rollback_on_a_really_read_only_live_tree_keeps_the_published_tree_and_works_once_writable(
@@ -575,7 +575,7 @@ def test_rollback_on_a_really_read_only_live_tree_keeps_the_published_tree_and_w
         assert trees(site) == published
 
     assert journal_state(site, "run1") == "published"
-    _rollback_again_puts_the_old_tree_back(site, context, published)
+    _assert_rollback_again_puts_the_old_tree_back(site, context, published)
 
 
 def test_retire_on_a_really_full_disk_fails_at_its_first_journal_and_works_once_space_is_freed(
@@ -593,7 +593,7 @@ def test_retire_on_a_really_full_disk_fails_at_its_first_journal_and_works_once_
     assert trees(site) == context["old"]
     assert run_ids(site) == [], "no run, not even a hidden leftover of its creation"
     filler.unlink()
-    _retire_again_retires(site, context, context["old"])
+    _assert_retire_again_retires(site, context, context["old"])
 
 
 def test_retire_that_a_really_full_disk_stops_after_its_rename_puts_the_file_back(
@@ -615,7 +615,7 @@ def test_retire_that_a_really_full_disk_stops_after_its_rename_puts_the_file_bac
     resolved = run_cli(site, ["--json", "rollback", run_id]).result()
     assert (resolved["state"], resolved["changed"]) == ("rolled_back", True)
     assert trees(site) == context["old"]
-    _retire_again_retires(site, context, context["old"])
+    _assert_retire_again_retires(site, context, context["old"])
 
 
 def test_retire_on_a_really_read_only_disk_changes_nothing_and_works_once_writable(
@@ -629,7 +629,7 @@ def test_retire_on_a_really_read_only_disk_changes_nothing_and_works_once_writab
         assert_fails_with(run_cli(site, _retire_argv(site, context)), errno.EROFS)
         assert trees(site) == context["old"]
 
-    _retire_again_retires(site, context, context["old"])
+    _assert_retire_again_retires(site, context, context["old"])
 
 
 def test_the_rollback_of_a_retire_on_a_really_full_disk_leaves_it_retired_and_works_once_space_is_freed(
@@ -646,7 +646,7 @@ def test_the_rollback_of_a_retire_on_a_really_full_disk_leaves_it_retired_and_wo
     assert trees(site) == retired, "the module file is where the journal says: retired"
     assert journal_state(site, context["run_id"]) == "retired"
     filler.unlink()
-    _rollback_of_retire_again_puts_it_back(site, context, retired)
+    _assert_rollback_of_retire_again_puts_it_back(site, context, retired)
 
 
 def test_gc_on_a_really_read_only_software_tree_fails_in_one_line_and_works_once_writable(
@@ -660,7 +660,7 @@ def test_gc_on_a_really_read_only_software_tree_fails_in_one_line_and_works_once
         assert_fails_with(run_cli(site, ["--json", "gc", "--grace-hours", "0"]), errno.EROFS)
         assert trees(site) == before
 
-    _gc_again_removes_the_old_trees(site, context, before)
+    _assert_gc_again_removes_the_old_trees(site, context, before)
 
 
 def test_gc_on_a_really_full_disk_removes_the_old_trees_it_needs_no_space_for(
@@ -671,7 +671,7 @@ def test_gc_on_a_really_full_disk_removes_the_old_trees_it_needs_no_space_for(
     before = trees(site)
     fill(small_disk)
 
-    _gc_again_removes_the_old_trees(site, context, before)
+    _assert_gc_again_removes_the_old_trees(site, context, before)
 
 
 def test_resume_on_a_really_full_module_tree_reverses_what_it_did_and_works_once_space_is_freed(
@@ -690,7 +690,7 @@ def test_resume_on_a_really_full_module_tree_reverses_what_it_did_and_works_once
     assert trees(site) == crashed, "the class link went back to the new tree with the module file"
     assert journal_state(site, "run1") == "publishing"
     filler.unlink()
-    _resume_again_returns_to_the_old_tree(site, context, crashed)
+    _assert_resume_again_returns_to_the_old_tree(site, context, crashed)
 
 
 class _AtTheBuild(faults.Faults):
@@ -770,4 +770,4 @@ def test_gc_with_its_state_root_on_the_really_full_disk_stops_at_the_lock_and_wo
     assert "cannot record the lock holder" in outcome.stderr
     assert trees(site) == before
     filler.unlink()
-    _gc_again_removes_the_old_trees(site, context, before)
+    _assert_gc_again_removes_the_old_trees(site, context, before)

@@ -177,7 +177,7 @@ COMMANDS = [
 ]
 
 
-def _each_command_refuses(site, run_id, why, roots):
+def _assert_each_command_refuses(site, run_id, why, roots):
     journal = _journal_of(site, run_id)
     before = snapshot(*roots)
     for command in COMMANDS:
@@ -214,7 +214,7 @@ def test_a_publish_journal_pointing_outside_its_run_is_refused_by_every_command(
     _victim_tree(victim, run_id)
     _edit(_journal_of(site, run_id), lambda data: edit(data, site, victim, run_id))
 
-    _each_command_refuses(site, run_id, why, (site.software, site.modules, site.state_root, victim))
+    _assert_each_command_refuses(site, run_id, why, (site.software, site.modules, site.state_root, victim))
 
     assert (victim / "TinyApp" / f".1.0.{run_id}" / "PAYLOAD").read_text() == "precious\n"
 
@@ -304,7 +304,7 @@ def test_a_journal_whose_path_leads_through_a_symlinked_directory_is_refused(pub
     victim = _link_name_dir(site, tmp_path, getattr(site, tree))
     try:
         roots = (site.software, site.modules, site.state_root, victim)
-        _each_command_refuses(site, run_id, why + f"{name_dir} is a symbolic link", roots)
+        _assert_each_command_refuses(site, run_id, why + f"{name_dir} is a symbolic link", roots)
     finally:
         name_dir.unlink()
         os.rename(victim, name_dir)

@@ -327,6 +327,7 @@ class Directory:
             os.close(fd)
             os.unlink(temp, dir_fd=self.fd)
             raise
+        replaced = False
         try:
             with stream:
                 yield stream
@@ -335,10 +336,13 @@ class Directory:
                     os.fchmod(stream.fileno(), mode)
                 os.fsync(stream.fileno())
             os.replace(temp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temp, dir_fd=self.fd)
-            raise
+            replaced = True
+        finally:
+            # Any error up to the rename, or an interrupt, or a caller that leaves the block
+            # early: the temporary file goes and the target is as it was.
+            if not replaced:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(temp, dir_fd=self.fd)
         self.sync()
 
 
@@ -394,8 +398,11 @@ def durable_replace(
     else arranged the name.
     """
     directory, name = parent_of(path, root)
-    with directory, directory.replace(name, mode, text=text, encoding=encoding) as stream:
-        yield stream
+    try:
+        with directory.replace(name, mode, text=text, encoding=encoding) as stream:
+            yield stream
+    finally:
+        os.close(directory.fd)
 
 
 def atomic_write(path, data: bytes, mode: int = 0o644, root=None) -> None:

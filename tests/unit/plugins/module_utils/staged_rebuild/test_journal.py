@@ -1337,8 +1337,8 @@ def _path_refusal(document, state_root=STATE_ROOT):
 
 
 def test_the_paths_of_a_publish_and_a_retire_run_as_the_tool_writes_them_pass():
-    _run_of(PREVIOUS_PUBLISH).check_paths(STATE_ROOT)
-    _run_of(PREVIOUS_RETIRE).check_paths(STATE_ROOT)
+    assert _run_of(PREVIOUS_PUBLISH).check_paths(STATE_ROOT) is None  # returns: no refusal
+    assert _run_of(PREVIOUS_RETIRE).check_paths(STATE_ROOT) is None
 
 
 def test_a_tcl_module_file_and_the_files_named_after_it_pass():
@@ -1348,7 +1348,7 @@ def test_a_tcl_module_file_and_the_files_named_after_it_pass():
     entry["prepared_module"] = f"{STATE_ROOT}/runs/run2/prepared/TinyApp/1.0"
     entry["module_backup"] = f"{STATE_ROOT}/runs/run2/backup/TinyApp/1.0"
 
-    _run_of(document).check_paths(STATE_ROOT)
+    assert _run_of(document).check_paths(STATE_ROOT) is None
 
 
 def test_an_entry_without_its_optional_files_passes():
@@ -1356,7 +1356,7 @@ def test_an_entry_without_its_optional_files_passes():
     for field in ("live_record", "prepared_module", "module_backup"):
         document["modules"][0][field] = None
 
-    _run_of(document).check_paths(STATE_ROOT)
+    assert _run_of(document).check_paths(STATE_ROOT) is None
 
 
 @pytest.mark.parametrize(
@@ -1568,9 +1568,9 @@ def test_load_checks_the_paths_of_a_journal_in_a_runs_directory(tmp_path):
 def test_check_trees_accepts_the_journal_s_own_trees_and_no_trees():
     run = _run_of(PREVIOUS_PUBLISH)
 
-    run.check_trees(None)
-    run.check_trees(paths.Trees("/apps/software", "/apps/modules"))
-    run.check_trees(paths.Trees("/apps/software/", "/apps//modules"))  # as the options spell them
+    assert run.check_trees(None) is None  # returns: no refusal
+    assert run.check_trees(paths.Trees("/apps/software", "/apps/modules")) is None
+    assert run.check_trees(paths.Trees("/apps/software/", "/apps//modules")) is None  # as options spell them
 
 
 @pytest.mark.parametrize(
