@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import resume
+from tests.integration.test_staged_full_disk import crash_at, error_line, rebuild_argv, run_cli
 from tests.support.racing import ATTEMPTS, Swapper, assert_completed_or_refused, runs_in
 from tests.support.staged import snapshot
 
@@ -147,15 +149,26 @@ def test_retire_and_rollback_never_touch_another_tree_while_a_directory_they_wal
 _INTERRUPTED = ("building", "planning", "publishing", "rolling_back")
 
 
-def _publish_cycle(site, runs_fd: int):
+# Where a crashed rebuild stops, for resume to walk back: after its swap and module file,
+# before its journal says published.
+_CRASH_POINT = "state published"
+
+
+def _publish_cycle(site, runs_fd: int, swapper=None, attempt: int = 0):
     """The next command of rebuild, rollback, rebuild, ...: resume what an attempt left
-    interrupted, roll back what is published, else rebuild."""
+    interrupted, roll back what is published, else rebuild. Every other rebuild (with a
+    ``swapper``) is made while it is paused and crashed before it is published, so that
+    the next attempt is a resume, which puts the old tree back under the race."""
     runs = runs_in(runs_fd)
     if any(journal["state"] in _INTERRUPTED for journal in runs.values()):
         return site.run("--json", "resume")
     published = sorted(run_id for run_id, journal in runs.items() if journal["state"] == "published")
     if published:
         return site.run("--json", "rollback", published[-1])
+    if swapper is not None and attempt % 2:
+        with swapper.paused():
+            crash_at(site, _CRASH_POINT, rebuild_argv(site, f"crashed{attempt}"))
+        return site.run("--json", "resume")
     return site.run("--json", *site.rebuild_args(APP))
 
 
@@ -183,9 +196,11 @@ def test_rebuild_rollback_and_resume_never_touch_another_tree_while_a_directory_
     # (modules/all/<Name>) give these two targets their full count above.
     attempts = max(ATTEMPTS // 2, 1)
     try:
-        with Swapper(directory, victim, tmp_path):
-            for _attempt in range(attempts):
-                outcomes[assert_completed_or_refused(_publish_cycle(site, runs_fd))] += 1
+        swapper = Swapper(directory, victim, tmp_path)
+        with swapper:
+            for attempt in range(attempts):
+                done = _publish_cycle(site, runs_fd, swapper, attempt)
+                outcomes[assert_completed_or_refused(done)] += 1
                 assert snapshot(victim) == victim_before, f"victim changed after {outcomes}"
         print(
             f"rebuild, rollback and resume against a racing swapper of {target}, {attempts} attempts:",
@@ -205,5 +220,53 @@ def test_rebuild_rollback_and_resume_never_touch_another_tree_while_a_directory_
     assert sum(outcomes.values()) == attempts
     assert snapshot(victim) == victim_before
     assert states <= {"rolled_back", "failed"}
+    assert snapshot(site.live(APP)) == live_before
+    assert site.module_file(APP).read_bytes() == module_bytes
+
+
+@pytest.mark.parametrize("target", ["software/TinyApp", "modules/all/TinyApp"])
+def test_resume_refuses_when_a_directory_it_reads_turns_into_a_link_after_its_checks(
+    staged_site, tmp_path, target, monkeypatch
+):
+    """The moment the racing swapper catches now and then, made exact: the directory is
+    swapped for a link to a victim tree after resume has loaded and checked the journals,
+    just before it reads the disk to put the old tree back (an injected swap, since that
+    moment cannot be timed from outside). Resume must not read "not swapped" or "not the
+    new module file" through the link and end the run failed with the new tree still live:
+    it refuses in one line, and once the directory is back, the next resume puts the old
+    tree back."""
+    site = staged_site
+    site.install(APP)
+    live_before = snapshot(site.live(APP))
+    module_bytes = site.module_file(APP).read_bytes()
+    crash_at(site, _CRASH_POINT, rebuild_argv(site, "crashed"))
+    directory = {
+        "software/TinyApp": site.software / "TinyApp",
+        "modules/all/TinyApp": site.modules_all / "TinyApp",
+    }[target]
+    victim = _victim(tmp_path, "1.0.lua", "1.0/PAYLOAD")
+    victim_before = snapshot(victim)
+    parked = directory.with_name(".parked")
+    real_return_to_old = resume.return_to_old
+
+    def swap_then_return_to_old(journal, trees):
+        os.rename(directory, parked)
+        directory.symlink_to(victim)
+        return real_return_to_old(journal, trees)
+
+    monkeypatch.setattr(resume, "return_to_old", swap_then_return_to_old)
+
+    refused = run_cli(site, ["--json", "resume"])
+
+    assert refused.code == 2, (refused.code, refused.stdout, refused.stderr)
+    assert f"{directory} is a symbolic link" in error_line(refused)
+    assert snapshot(victim) == victim_before
+    journal = json.loads((site.state_root / "runs" / "crashed" / "journal.json").read_text())
+    assert journal["state"] == "publishing"
+    monkeypatch.undo()
+    directory.unlink()
+    os.rename(parked, directory)
+    done = site.run("--json", "resume")
+    assert done.returncode == 0, done.stderr
     assert snapshot(site.live(APP)) == live_before
     assert site.module_file(APP).read_bytes() == module_bytes

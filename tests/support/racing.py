@@ -8,44 +8,61 @@ it) whatever its name is at the moment.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 # 50 in `make test`; `make stress` sets 1,000.
 ATTEMPTS = int(os.environ.get("HPCSTACK_RACE_ATTEMPTS", "50"))
 
-# The swapper: exchange the two names until the stop file appears (glibc's renameat2).
+# The swapper: exchange the two names until the stop file appears (glibc's renameat2). While
+# the pause file exists it puts the real directory back under its name, says so with the
+# paused file, and waits.
 _SWAPPER = r"""
-import ctypes, os, sys
+import ctypes, os, sys, time
 libc = ctypes.CDLL(None, use_errno=True)
 AT_FDCWD, RENAME_EXCHANGE = -100, 2
-a, b, stop = (os.fsencode(arg) for arg in sys.argv[1:4])
+a, b, stop, pause, paused = (os.fsencode(arg) for arg in sys.argv[1:6])
+swapped = False
 while not os.path.exists(stop):
-    libc.renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE)
+    if os.path.exists(pause):
+        if swapped and libc.renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE) == 0:
+            swapped = False
+        if not swapped and not os.path.exists(paused):
+            open(paused, "w").close()
+        time.sleep(0.001)
+        continue
+    if os.path.exists(paused):
+        os.unlink(paused)
+    if libc.renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE) == 0:
+        swapped = not swapped
 """
 
 
 class Swapper:
     """``with Swapper(directory, victim, scratch) as real_fd:`` swap ``directory`` and a link
     to ``victim`` (planted beside it as ``.<name>-swap``) until the block ends; then stop
-    and put the real directory back under its name."""
+    and put the real directory back under its name. ``with swapper.paused():`` holds the
+    real directory at its name for the block (to set up what an attempt needs)."""
 
     def __init__(self, directory: Path, victim: Path, scratch: Path) -> None:
         self.directory = directory
         self.link = directory.with_name(f".{directory.name}-swap")
         self.victim = victim
         self.stop = scratch / f"stop-{directory.name}"
+        self.pause = scratch / f"pause-{directory.name}"
+        self.paused_file = scratch / f"paused-{directory.name}"
         self.parked = scratch / f"parked-{directory.name}"
 
     def __enter__(self) -> int:
         self.link.symlink_to(self.victim)
         self.real_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", _SWAPPER, str(self.directory), str(self.link), str(self.stop)]
-        )
+        files = (self.directory, self.link, self.stop, self.pause, self.paused_file)
+        self.process = subprocess.Popen([sys.executable, "-c", _SWAPPER, *map(str, files)])
         return self.real_fd
 
     def __exit__(self, *exc_info) -> None:
@@ -58,9 +75,26 @@ class Swapper:
             self.link.unlink()
         os.close(self.real_fd)
 
+    @contextlib.contextmanager
+    def paused(self):
+        self.pause.touch()
+        _wait_for(self.paused_file.exists)
+        try:
+            yield
+        finally:
+            self.pause.unlink()
+            _wait_for(lambda: not self.paused_file.exists())
+
 
 # The progress line a rebuild with the test builder's backend prints before it builds.
 UNSANDBOXED = "eb-staged-rebuild: backend installpath: EasyBuild runs WITHOUT a sandbox"
+
+
+def _wait_for(condition, seconds: float = 30) -> None:
+    give_up = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < give_up, "the swapper did not answer"
+        time.sleep(0.005)
 
 
 def assert_completed_or_refused(done: subprocess.CompletedProcess) -> str:

@@ -481,6 +481,16 @@ def rename(source, destination, root) -> None:
             source_dir.sync()
 
 
+def lstat_below(path, root) -> Optional[os.stat_result]:
+    """What is at ``path`` (a link not followed), or None, with every directory between
+    ``root`` and it opened without following a link: a decision read from the disk (is the
+    staged tree live? is the module file the new one?) is made on this tree, never on one a
+    swapped-in link points to, where the answer could be "nothing to do"."""
+    directory, name = parent_of(path, root)
+    with directory:
+        return directory.lstat(name)
+
+
 def makedirs(path, root, mode: int = 0o755) -> None:
     """``os.makedirs(path, mode, exist_ok=True)`` below ``root``, by descriptors: a component
     that is a link is refused, never made through (``Directory.open``'s ``create_mode``)."""

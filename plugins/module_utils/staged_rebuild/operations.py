@@ -120,13 +120,19 @@ def remove_generation(trees, generation):
             directory.rmdir(name)
 
 
-def _still_staged(entry):
-    """True while the sibling holds this run's staged inode and the live path the old one."""
-    sibling = entry.retired_path
-    if entry.stage_ino is None or os.path.islink(sibling) or not os.path.isdir(sibling):
+def _still_staged(trees, entry):
+    """True while the sibling holds this run's staged inode and the live path the old one
+    (both read from the software root down, never through a link)."""
+    if entry.stage_ino is None:
         return False
+    sibling = fsutil.lstat_below(entry.retired_path, trees.software)
+    live = fsutil.lstat_below(entry.stable_path, trees.software)
     return (
-        os.lstat(sibling).st_ino == entry.stage_ino and os.lstat(entry.stable_path).st_ino == entry.live_ino
+        sibling is not None
+        and stat.S_ISDIR(sibling.st_mode)
+        and sibling.st_ino == entry.stage_ino
+        and live is not None
+        and live.st_ino == entry.live_ino
     )
 
 
@@ -137,6 +143,6 @@ def discard_stage(journal, generation):
     """
     trees = journal.trees
     for entry in journal.modules:
-        if _still_staged(entry):
+        if _still_staged(trees, entry):
             fsutil.remove_tree(entry.retired_path, root=trees.software)
     remove_generation(trees, generation)

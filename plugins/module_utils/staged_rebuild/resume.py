@@ -36,16 +36,23 @@ from .journal import INTERRUPTED, Journal, ModuleEntry, RunKind, RunState, StepK
 from .paths import Trees
 from .transaction import Transaction, exchange_journaled
 
+# Each state is read through the directories opened from the tree's root (fsutil.lstat_below,
+# read_regular with a root): read through a swapped-in link, "not swapped" or "not the new
+# module file" would end the run with the new tree still live.
+
 
 def _module_is_new(trees: Trees, entry: ModuleEntry) -> bool:
-    if not entry.new_module_sha256 or not os.path.isfile(entry.module_file):
+    if not entry.new_module_sha256 or fsutil.lstat_below(entry.module_file, trees.modules) is None:
         return False
     data = fsutil.read_regular(entry.module_file, "module file", root=trees.modules)
     return modulefile.module_hash(data) == entry.new_module_sha256
 
 
-def _is_swapped(entry: ModuleEntry) -> bool:
-    return entry.stage_ino is not None and os.lstat(entry.stable_path).st_ino == entry.stage_ino
+def _is_swapped(trees: Trees, entry: ModuleEntry) -> bool:
+    if entry.stage_ino is None:
+        return False
+    live = fsutil.lstat_below(entry.stable_path, trees.software)
+    return live is not None and live.st_ino == entry.stage_ino
 
 
 def return_to_old(journal: Journal, trees: Trees) -> List[str]:
@@ -60,7 +67,7 @@ def return_to_old(journal: Journal, trees: Trees) -> List[str]:
     transaction = Transaction(journal)
     try:
         for entry in reversed(journal.modules):
-            if os.path.lexists(swap.hold_path(entry.retired_path)):
+            if fsutil.lstat_below(swap.hold_path(entry.retired_path), trees.software) is not None:
                 # A repair of names a crash left half-renamed, not a change to reverse.
                 with journal.step(StepKind.RESUME_RECOVER_FALLBACK, entry):
                     recovered = swap.recover_fallback(
@@ -91,7 +98,7 @@ def return_to_old(journal: Journal, trees: Trees) -> List[str]:
             ):
                 actions.append("ledger records of the run removed")
         for entry in reversed(journal.modules):
-            if _is_swapped(entry):
+            if _is_swapped(trees, entry):
                 transaction.run(
                     step_name(StepKind.RESUME_SWAP, entry),
                     partial(exchange_journaled, journal, entry),

@@ -10,12 +10,12 @@ nothing.
 
 from __future__ import annotations
 
-import os
+import stat
 from functools import partial
 from typing import Any, Dict
 
 from ..common import errors
-from . import operations
+from . import fsutil, operations
 from .journal import Journal, ModuleEntry, RunKind, RunState, StepKind, step_name
 from .paths import Trees
 from .transaction import Transaction, exchange_journaled
@@ -25,12 +25,16 @@ def _require_still_live(journal: Journal, entry: ModuleEntry) -> None:
     """Only the tree this run published may be exchanged back: a later run over the same
     module would otherwise have the original put live under its feet, and this run's sibling
     would end up holding the later run's tree."""
+    # Read from the software root down, never through a link (fsutil.lstat_below).
+    software = journal.trees.software
     retired = entry.retired_path
-    if os.path.islink(retired) or not os.path.isdir(retired):
+    found = fsutil.lstat_below(retired, software)
+    if found is None or not stat.S_ISDIR(found.st_mode):
         raise errors.UsageError(
             f"run {journal.run_id}: the retired tree {retired} is gone (collected by gc?)"
         )
-    if os.lstat(entry.stable_path).st_ino != entry.stage_ino:
+    live = fsutil.lstat_below(entry.stable_path, software)
+    if live is None or live.st_ino != entry.stage_ino:
         raise errors.UsageError(
             f"run {journal.run_id} is no longer live at {entry.stable_path}: a later run replaced it; "
             "roll that run back first"
