@@ -7,16 +7,24 @@
 Every gate runs even when an earlier one failed, so one run shows every problem; the exit
 status is 1 when any gate failed. The summary ends with pytest's ten slowest tests, so a
 change that slows the suite shows in every run.
+
+The two static gates that take a minute on one core (ansible-sanity, ansible-lint) run in
+the background while pytest runs, when both are selected: pytest's workers leave about a
+fifth of two cores idle (they wait on the processes the tests start), which is where those
+gates fit. Their output is kept and printed, in gate order, once pytest's has been.
 """
 
 from __future__ import annotations
 
+import io
 import re
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Optional
 
 import checkout
 
@@ -24,6 +32,8 @@ REPO = checkout.REPO
 PYTHON = sys.executable
 PYTEST = [PYTHON, "-m", "pytest", "-p", "xdist", "-n", "auto", "--dist", "loadgroup"]
 SLOWEST = 10
+# Run beside pytest (see the module's docstring).
+ALONGSIDE_PYTEST = ("ansible-sanity", "ansible-lint")
 # The tests that run on this machine's CPU unsimulated and choose "another target" from what
 # archdetect says of it: run a second time with the CPU simulated as another vendor's.
 HOST_DEPENDENT = (
@@ -79,10 +89,13 @@ def gates(pytest_args: list[str]) -> list[Gate]:
 _SECTION = re.compile(r"^=+ (.*?) =+$")
 
 
-def _run(gate: Gate) -> tuple[int, str, float, list[str]]:
-    """Stream the gate's output; return its exit status, last output line, duration and the
-    lines of pytest's "slowest durations" section, if it printed one."""
-    print(f"\n==> {gate.name}: {gate.what}", flush=True)
+def _run(gate: Gate, out: Optional[IO[str]] = None) -> tuple[int, str, float, list[str]]:
+    """Run the gate, its output to ``out`` (default: streamed to stdout); return its exit
+    status, last output line, duration and the lines of pytest's "slowest durations"
+    section, if it printed one."""
+    out = sys.stdout if out is None else out
+    out.write(f"\n==> {gate.name}: {gate.what}\n")
+    out.flush()
     started = time.monotonic()
     last = ""
     slowest: list[str] = []
@@ -91,8 +104,8 @@ def _run(gate: Gate) -> tuple[int, str, float, list[str]]:
         gate.argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
     ) as proc:
         for line in proc.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
+            out.write(line)
+            out.flush()
             if line.strip():
                 last = line.strip()
             section = _SECTION.match(line.strip())
@@ -101,6 +114,26 @@ def _run(gate: Gate) -> tuple[int, str, float, list[str]]:
             elif in_slowest and line.strip():
                 slowest.append(line.rstrip())
     return proc.returncode, last, time.monotonic() - started, slowest
+
+
+class _Background:
+    """Gates run one after another in a thread, their output kept until it is asked for."""
+
+    def __init__(self, selected: list[Gate]) -> None:
+        self.gates = selected
+        self.outputs = {gate.name: io.StringIO() for gate in selected}
+        self.results: dict[str, tuple[int, str, float, list[str]]] = {}
+        self.thread = threading.Thread(target=self._run_all, daemon=True)
+
+    def _run_all(self) -> None:
+        for gate in self.gates:
+            self.results[gate.name] = _run(gate, self.outputs[gate.name])
+
+    def result(self, gate: Gate) -> tuple[int, str, float, list[str]]:
+        self.thread.join()
+        sys.stdout.write(self.outputs[gate.name].getvalue())
+        sys.stdout.flush()
+        return self.results[gate.name]
 
 
 def main(argv: list[str]) -> int:
@@ -118,7 +151,20 @@ def main(argv: list[str]) -> int:
     if argv:
         selected = [gate for gate in selected if gate.name in argv]
 
-    results = [(gate, *_run(gate)) for gate in selected]
+    names = {gate.name for gate in selected}
+    beside = [gate for gate in selected if gate.name in ALONGSIDE_PYTEST] if "pytest" in names else []
+    background = _Background(beside)
+    results = []
+    for gate in selected:
+        if gate.name == "pytest" and beside:
+            background.thread.start()
+        if gate in beside:
+            continue
+        results.append((gate, *_run(gate)))
+        if gate.name == "pytest":
+            results.extend((other, *background.result(other)) for other in beside)
+    order = {gate.name: index for index, gate in enumerate(selected)}
+    results.sort(key=lambda result: order[result[0].name])
 
     print("\n==> summary")
     for gate, status, last, seconds, _slowest in results:

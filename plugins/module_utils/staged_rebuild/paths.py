@@ -152,6 +152,12 @@ def software_root_of(module_file):
     return os.path.join(os.path.dirname(os.path.dirname(all_dir)), "software")
 
 
+def module_root_of(module_file):
+    """``<installpath>/modules`` of ``<installpath>/modules/all/<Name>/<file>`` (the layout
+    ``software_root_of`` checks): the root a module file's directories are opened from."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(module_file)))
+
+
 def require_live_dir(paths):
     """The live ``Name/version`` must exist as a real directory: the swap needs two names."""
     fsutil.refuse_symlink_components(paths.stable_path, stop_at=paths.trees.software)

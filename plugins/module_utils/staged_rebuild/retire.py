@@ -61,17 +61,6 @@ def _device_of_nearest(path):
     return os.stat(path).st_dev
 
 
-def module_root_of(module_file):
-    """``<installpath>/modules`` of ``<installpath>/modules/all/<Name>/<file>`` (checked by
-    ``software_root_of``): the root the module file's directories are opened from."""
-    return os.path.dirname(os.path.dirname(os.path.dirname(module_file)))
-
-
-# Where a retire keeps its file and which software root it belongs to are paths' rules: the
-# journal checks a loaded retire record against the same two functions.
-software_root_of = paths.software_root_of
-
-
 def check(module_file, reason, state_root):
     """Refuse a bad retire request before anything is written; return the file's path,
     bytes and the software directory of its root assignment (under the software root)."""
@@ -83,7 +72,7 @@ def check(module_file, reason, state_root):
         raise errors.UsageError(f"module file {module_file} does not exist (already retired?)") from None
     if not stat.S_ISREG(info.st_mode):
         raise errors.UsageError(f"{module_file} is not a regular file; only a module file can be retired")
-    data = fsutil.read_regular(module_file, "module file", root=module_root_of(module_file))
+    data = fsutil.read_regular(module_file, "module file", root=paths.module_root_of(module_file))
     root = modulefile.parse_root(modulefile.decode(data))
     if root is None:
         raise errors.UsageError(f"module file {module_file} has no root assignment; refusing to retire it")
@@ -92,7 +81,7 @@ def check(module_file, reason, state_root):
             f"module file {module_file} assigns root {root!r}, not an absolute path; refusing to retire it"
         )
     # Normalised as the journal holds it ("bin/.." is the directory it names).
-    software_root, normal_root = software_root_of(module_file), os.path.normpath(root)
+    software_root, normal_root = paths.software_root_of(module_file), os.path.normpath(root)
     if not paths.is_inside(normal_root, software_root) or normal_root == software_root:
         raise errors.UsageError(
             f"module file {module_file} assigns root {root}, which is not under the software root "
@@ -112,14 +101,10 @@ def check(module_file, reason, state_root):
     return module_file, data, normal_root
 
 
-RUN_PREFIX = paths.RETIRE_RUN_PREFIX
-retired_path = paths.retired_module_path
-
-
 def retire(state_root, module_file, reason):
     module_file, data, root = check(module_file, reason, state_root)
-    run_id = RUN_PREFIX + _timestamp()
-    destination = retired_path(state_root, run_id, module_file)
+    run_id = paths.RETIRE_RUN_PREFIX + _timestamp()
+    destination = paths.retired_module_path(state_root, run_id, module_file)
     # New directories under retired/, whose filesystem check() compared with the module's.
     fsutil.makedirs(os.path.dirname(destination), root=state_root, mode=0o700)
     journal = journals.Journal.create(
@@ -138,7 +123,7 @@ def retire(state_root, module_file, reason):
     try:
         # Fault points (``faults.Faults``) before the rename and before the journal says it happened.
         journal.faults.before("retire move")
-        _move(module_file, module_root_of(module_file), destination, state_root)
+        _move(module_file, paths.module_root_of(module_file), destination, state_root)
         moved = True
         journal.faults.before("state retired")
         journal.set_state(RunState.RETIRED)
@@ -168,7 +153,7 @@ def _undo_retire(journal, moved):
 def _move_back(journal):
     """The retired copy back to where it was retired from."""
     original = journal.run.module_file
-    _move(journal.run.retired_to, journal.state_root, original, module_root_of(original))
+    _move(journal.run.retired_to, journal.state_root, original, paths.module_root_of(original))
 
 
 def _in_place(journal):
@@ -181,7 +166,7 @@ def _in_place(journal):
     if os.path.lexists(source) or not os.path.isfile(original) or os.path.islink(original):
         return False
     try:
-        data = fsutil.read_regular(original, "module file", root=module_root_of(original))
+        data = fsutil.read_regular(original, "module file", root=paths.module_root_of(original))
     except (OSError, errors.UsageError):
         return False
     return modulefile.module_hash(data) == journal.run.module_sha256
@@ -189,15 +174,9 @@ def _in_place(journal):
 
 def check_rollback(journal):
     """Refuse a rollback of a retire that cannot be done; False when it is rolled back already."""
+    # Where retired_to and module_file may point was checked when the journal loaded
+    # (Run.check_paths): nowhere but where this retire keeps and took the file.
     source, original = journal.run.retired_to, journal.run.module_file
-    state_root = journal.state_root
-    if not journal.run_id.startswith(RUN_PREFIX) or source != retired_path(
-        state_root, journal.run_id, original
-    ):
-        raise errors.JournalError(
-            f"journal {journal.path}: retired_to {source} is not where run {journal.run_id} keeps "
-            f"{original} ({retired_path(state_root, journal.run_id, original)})"
-        )
     if journal.state is RunState.ROLLED_BACK:
         return False
     if _in_place(journal):
@@ -225,6 +204,6 @@ def rollback_retire(journal):
     except BaseException:
         # The journal still says retired: the file goes where it says (and should this move
         # fail too, the next rollback finds the file in place and only writes the journal).
-        _move(original, module_root_of(original), source, journal.state_root)
+        _move(original, paths.module_root_of(original), source, journal.state_root)
         raise
     return {"run_id": journal.run_id, "changed": True, "state": journal.state.value, "module_file": original}
