@@ -12,6 +12,8 @@ The two static gates that take a minute on one core (ansible-sanity, ansible-lin
 the background while pytest runs, when both are selected: pytest's workers leave about a
 fifth of two cores idle (they wait on the processes the tests start), which is where those
 gates fit. Their output is kept and printed, in gate order, once pytest's has been.
+other-cpu stays after pytest: its tests use the same Slurm and rollout fixtures as the
+suite's, which run one at a time.
 """
 
 from __future__ import annotations
