@@ -305,7 +305,9 @@ class Directory:
                 raise errors.UsageError(
                     f"{what} {self.join(name)} is a symbolic link; refusing to follow it"
                 ) from None
-            raise
+            if err.errno == errno.ENXIO:  # what opening a socket answers
+                raise errors.UsageError(f"{what} {self.join(name)} is not a regular file") from None
+            raise OSError(err.errno, err.strerror, self.join(name)) from None
         return _read_regular_fd(fd, what, self.join(name))
 
     def remove_tree(self, name: str) -> None:

@@ -74,11 +74,12 @@ def record_live(journal, entry, skip):
     entry.live_record = journal.write_file(entry.live_record_name(), digest.encode("utf-8"))
 
 
-def check_live(entry):
+def check_live(journal, entry):
     """Refuse the swap when a live file changed since the build started, naming the files."""
     if not entry.live_record:
         return
-    before = json.loads(fsutil.read_regular(entry.live_record, "live-change record"))
+    record = fsutil.read_regular(entry.live_record, "live-change record", root=journal.state_root)
+    before = json.loads(record)
     changed = fsutil.changed_paths(before, fsutil.tree_digest(entry.stable_path))
     if changed:
         shown = ", ".join(changed[:10]) + (f" and {len(changed) - 10} more" if len(changed) > 10 else "")
@@ -196,9 +197,14 @@ def plan(journal, trees, generation, *, prepare=None, env=None):
                 f"{entry.retired_path} lost its build evidence (PAYLOAD or easybuild/*.eb) "
                 "before the swap; nothing was swapped"
             )
-        check_live(entry)
-    order = modulefile.publish_order(
-        {entry.module: modulefile.read_text(entry.prepared_module) for entry in journal.modules}
-    )
+        check_live(journal, entry)
+    # The run's own files, read from the state root down (never through a link).
+    prepared = {
+        entry.module: fsutil.read_regular(
+            entry.prepared_module, "prepared module file", root=journal.state_root
+        )
+        for entry in journal.modules
+    }
+    order = modulefile.publish_order({module: modulefile.decode(data) for module, data in prepared.items()})
     journal.run.modules = sorted(journal.modules, key=lambda entry: order.index(entry.module))
     journal.save()

@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -986,13 +987,17 @@ def test_directory_replace_refuses_a_link_at_the_name(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["name", "victim"]
 
 
-@pytest.mark.parametrize("kind", ["fifo", "link", "directory"])
+@pytest.mark.parametrize("kind", ["fifo", "link", "directory", "socket"])
 def test_directory_read_regular_refuses_what_is_not_a_regular_file_without_waiting(tmp_path, kind):
     name = tmp_path / "name"
     if kind == "fifo":
         os.mkfifo(name)
     elif kind == "link":
         name.symlink_to("/etc/passwd")
+    elif kind == "socket":
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(name))
+        server.close()
     else:
         name.mkdir()
 
@@ -1000,6 +1005,13 @@ def test_directory_read_regular_refuses_what_is_not_a_regular_file_without_waiti
         held.read_regular("name", "module file")
 
     assert str(raised.value).startswith(f"module file {tmp_path / 'name'} is ")
+
+
+def test_directory_read_regular_names_the_whole_path_of_a_file_it_cannot_open(tmp_path):
+    with fsutil.Directory.open(tmp_path) as held, pytest.raises(FileNotFoundError) as raised:
+        held.read_regular("missing", "module file")
+
+    assert raised.value.filename == str(tmp_path / "missing")
 
 
 def test_directory_rename_moves_between_two_held_directories(tmp_path):

@@ -186,7 +186,7 @@ def test_check_live_passes_an_unchanged_tree(run):
     journal, entry, _live = run
     planner.record_live(journal, entry, skip=False)
 
-    assert planner.check_live(entry) is None
+    assert planner.check_live(journal, entry) is None
 
 
 def test_check_live_passes_anything_when_the_record_was_skipped(run):
@@ -194,7 +194,7 @@ def test_check_live_passes_anything_when_the_record_was_skipped(run):
     planner.record_live(journal, entry, skip=True)
     (live / "PAYLOAD").write_text("edited\n")
 
-    assert planner.check_live(entry) is None
+    assert planner.check_live(journal, entry) is None
 
 
 @pytest.mark.parametrize(
@@ -216,7 +216,7 @@ def test_check_live_names_the_changed_file(run, change, named):
     change(live)
 
     with pytest.raises(errors.PublishError) as raised:
-        planner.check_live(entry)
+        planner.check_live(journal, entry)
 
     assert str(raised.value) == (
         f"the live tree {live} changed during the build ({named}); nothing was swapped "
@@ -231,7 +231,7 @@ def test_check_live_names_the_first_ten_changes_and_counts_the_rest(run):
         (live / f"added-{index:02d}").write_text("x\n")
 
     with pytest.raises(errors.PublishError) as raised:
-        planner.check_live(entry)
+        planner.check_live(journal, entry)
 
     shown = ", ".join(f"added-{index:02d}" for index in range(10))
     assert f"({shown} and 3 more)" in str(raised.value)
