@@ -155,11 +155,9 @@ def read_regular(path, what="file", root=None) -> bytes:
     directories below it are opened without following a link too (``Directory``): what is
     read is a file of that tree, never of one a swapped-in link points to.
     """
-    if root is not None:
-        directory, name = parent_of(path, root)
-        with directory:
-            return directory.read_regular(name, what)
-    return _read_regular_fd(open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK), what, os.fspath(path))
+    directory, name = parent_of(path, root)
+    with directory:
+        return directory.read_regular(name, what)
 
 
 def _read_regular_fd(fd: int, what: str, where: str) -> bytes:
@@ -265,10 +263,6 @@ class Directory:
         except FileNotFoundError:
             return None
 
-    def sub(self, name: str) -> Directory:
-        """The directory ``name`` in this one, never through a link."""
-        return Directory(open_dir_at(self.fd, name, self.join(name)), self.join(name))
-
     def mkdir(self, name: str, mode: int = 0o755) -> None:
         os.mkdir(name, mode, dir_fd=self.fd)
 
@@ -285,21 +279,32 @@ class Directory:
         """``name`` here becomes ``target_name`` in ``target`` (this directory or another)."""
         os.rename(name, target_name, src_dir_fd=self.fd, dst_dir_fd=target.fd)
 
-    def exchange(self, name_a: str, name_b: str) -> None:
-        """Swap two names of this directory in one step (``rename_exchange``)."""
+    def exchange(self, name_a: str, name_b: str, other: Optional[Directory] = None) -> None:
+        """Swap ``name_a`` here and ``name_b`` (in ``other``, default this directory) in one
+        step (``rename_exchange``)."""
+        other = self if other is None else other
         try:
-            rename_exchange(name_a, name_b, dir_fd=self.fd)
+            rename_exchange(name_a, name_b, dir_fd=self.fd, other_dir_fd=other.fd)
         except OSError as err:
-            raise OSError(err.errno, err.strerror, self.join(name_a), None, self.join(name_b)) from None
+            raise OSError(err.errno, err.strerror, self.join(name_a), None, other.join(name_b)) from None
 
     def sync(self) -> None:
         """Flush this directory's entries (``fsync_dir``'s rule)."""
         fsync_dir_fd(self.fd)
 
+    def open_entry(self, name: str) -> int:
+        """A read-only descriptor of the entry ``name``, opened without following a link or
+        blocking on a FIFO; an ``OSError`` names the whole path (``ELOOP`` for a link,
+        ``ENXIO`` for a socket)."""
+        try:
+            return os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
+        except OSError as err:
+            raise OSError(err.errno, err.strerror, self.join(name)) from None
+
     def read_regular(self, name: str, what: str = "file") -> bytes:
         """``read_regular`` of the entry ``name``: no link followed, no FIFO waited on."""
         try:
-            fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
+            fd = self.open_entry(name)
         except OSError as err:
             if err.errno == errno.ELOOP:
                 raise errors.UsageError(
@@ -307,7 +312,7 @@ class Directory:
                 ) from None
             if err.errno == errno.ENXIO:  # what opening a socket answers
                 raise errors.UsageError(f"{what} {self.join(name)} is not a regular file") from None
-            raise OSError(err.errno, err.strerror, self.join(name)) from None
+            raise
         return _read_regular_fd(fd, what, self.join(name))
 
     def remove_tree(self, name: str) -> None:

@@ -599,13 +599,17 @@ def _metadata_at(directory, name):
     another tree, and its owner would become the owner of the live module file."""
     path = directory.join(name)
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory.fd)
+        fd = directory.open_entry(name)
     except FileNotFoundError:
         return None
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise errors.UsageError(
                 f"module file {path} is a symbolic link; refusing to replace it"
+            ) from None
+        if err.errno == errno.ENXIO:  # a socket
+            raise errors.UsageError(
+                f"{path} is not a regular file; only a module file can be replaced"
             ) from None
         raise
     try:

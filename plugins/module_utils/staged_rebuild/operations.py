@@ -56,14 +56,34 @@ def class_link_path(trees, entry, module_class):
     return os.path.join(trees.modules, module_class, entry.name, os.path.basename(entry.module_file))
 
 
+def _class_link_state(trees, entry, module_class):
+    """(what is at ``modules/<class>/Name/<file>``, its target if it is a link), read from the
+    module root down without following a link on the way: read through a swapped-in link,
+    "already restored" would leave the new link in place. (None, None) when nothing is there,
+    the directories included."""
+    link = class_link_path(trees, entry, module_class)
+    try:
+        directory, name = fsutil.parent_of(link, trees.modules)
+    except FileNotFoundError:
+        return None, None
+    with directory:
+        info = directory.lstat(name)
+        is_link = info is not None and stat.S_ISLNK(info.st_mode)
+        return info, os.readlink(name, dir_fd=directory.fd) if is_link else None
+
+
+def class_link_target(trees, entry, module_class):
+    """The target of ``modules/<class>/Name/<file>`` now, or None when it is no link."""
+    return _class_link_state(trees, entry, module_class)[1]
+
+
 def current_class_link(trees, entry, module_class):
     """The target of ``modules/<class>/Name/<file>`` now, or None; refuses a non-link there."""
-    link = class_link_path(trees, entry, module_class)
-    if os.path.islink(link):
-        return os.readlink(link)
-    if os.path.lexists(link):
+    info, target = _class_link_state(trees, entry, module_class)
+    if info is not None and target is None:
+        link = class_link_path(trees, entry, module_class)
         raise errors.PublishError(f"module-class link {link} is not a symlink; refusing to replace it")
-    return None
+    return target
 
 
 def set_class_link(trees, entry, module_class):
@@ -80,13 +100,16 @@ def set_class_link(trees, entry, module_class):
 def restore_class_link(trees, entry, module_class, previous):
     link = class_link_path(trees, entry, module_class)
     if previous is None:
-        directory, name = fsutil.parent_of(link, trees.modules)
+        try:
+            directory, name = fsutil.parent_of(link, trees.modules)
+        except FileNotFoundError:
+            return  # no modules/<class>/<Name>: no link to remove
         with directory:
             info = directory.lstat(name)
             if info is not None and stat.S_ISLNK(info.st_mode):
                 directory.unlink(name)
                 directory.sync()
-    elif not os.path.islink(link) or os.readlink(link) != previous:
+    elif class_link_target(trees, entry, module_class) != previous:
         _replace_link(trees, link, previous)
 
 

@@ -75,8 +75,7 @@ def return_to_old(journal: Journal, trees: Trees) -> List[str]:
                     )
                 actions.append(f"{entry.module}: {recovered}")
             for module_class, previous in sorted(entry.class_link_previous.items()):
-                link = operations.class_link_path(trees, entry, module_class)
-                current = os.readlink(link) if os.path.islink(link) else None
+                current = operations.class_link_target(trees, entry, module_class)
                 if current != previous:
                     transaction.run(
                         step_name(StepKind.RESUME_CLASS_LINK, entry, module_class),

@@ -186,10 +186,7 @@ class _Names:
 
     def exchange(self):
         (staged_dir, staged_name), (live_dir, live_name) = self.at["staged"], self.at["live"]
-        try:
-            fsutil.rename_exchange(staged_name, live_name, dir_fd=staged_dir.fd, other_dir_fd=live_dir.fd)
-        except OSError as err:
-            raise OSError(err.errno, err.strerror, self.staged_path, None, self.live_path) from None
+        staged_dir.exchange(staged_name, live_name, live_dir)
 
     def sync(self):
         for directory in {id(d): d for d, _name in self.at.values()}.values():
