@@ -96,7 +96,8 @@ def _require_left_by_the_run(journal, entry):
     Its name alone is the journal's word: a journal whose trees and entries were all moved,
     consistently, to another tree would otherwise hand gc that tree's hidden directory."""
     recorded = {ino for ino in (entry.live_ino, entry.stage_ino) if ino is not None}
-    if os.lstat(entry.retired_path).st_ino not in recorded:
+    found = fsutil.lstat_below(entry.retired_path, journal.trees.software)  # no link on the way
+    if found is None or found.st_ino not in recorded:
         raise errors.JournalError(
             f"run {journal.run_id} records {entry.retired_path}, which is not the tree the run left "
             "there (neither the live nor the staged inode it recorded); gc stops"
