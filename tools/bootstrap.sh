@@ -27,10 +27,12 @@ declare -A why=(
   [bindfs]="bindfs gives a real FUSE mount for the rename fallback"
   [shellcheck]="shellcheck lints the shell scripts"
   [python3-venv]="python3-venv creates .venv"
+  [openssh-server]="sshd on every node of the namespace cluster: Ansible reaches the nodes over SSH"
+  [openssh-client]="ssh, the connection Ansible uses to the namespace cluster's nodes"
 )
 case $profile in
   demo) wanted=(lmod bubblewrap munge slurmctld slurmd slurm-client) ;;
-  test) wanted=(lmod bubblewrap munge slurmctld slurmd slurm-client acl bindfs shellcheck) ;;
+  test) wanted=(lmod bubblewrap munge slurmctld slurmd slurm-client acl bindfs shellcheck openssh-server openssh-client) ;;
   *) die "unknown profile '$profile' (expected demo or test)" ;;
 esac
 

@@ -1,0 +1,84 @@
+"""The session's namespace cluster (``testbed/cluster.py``): a controller, a login node, three
+compute nodes of three CPU targets (the third with a GPU) and two build nodes.
+
+One cluster serves every test marked with ``CLUSTER``; they share an xdist worker
+(``--dist loadgroup``). The CPUs are cpuinfo fixtures of this machine's type (``uname -m``),
+none of them the machine's own, so what a node reports is what the harness gave it, whatever
+machine the suite runs on. The login node's target differs from every compute node's: a job
+submitted there carries an environment that is wrong on all of them.
+
+At the end of the session the cluster is stopped by pid and ``leftovers()`` must be empty: a
+process, mount, namespace or interface still there fails the session.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+import cluster as namespace_cluster
+
+# Usage: ``pytestmark = CLUSTER`` in a test module.
+CLUSTER = [pytest.mark.cluster, pytest.mark.xdist_group("cluster")]
+
+# Per machine type: the login node's CPU, then the three compute nodes' (the last has a GPU).
+CPUS = {
+    "x86_64": (
+        "x86_64-intel-sapphirerapids-xeon-platinum-8480.cpuinfo",
+        "x86_64-amd-zen3-epyc-7763.cpuinfo",
+        "x86_64-intel-icelake-xeon-platinum-8358.cpuinfo",
+        "x86_64-intel-haswell-xeon-e5-2690v3.cpuinfo",
+    ),
+    "aarch64": (
+        "aarch64-nvidia-grace.cpuinfo",
+        "aarch64-a64fx.cpuinfo",
+        "aarch64-neoverse_n1-ampere-altra.cpuinfo",
+        "aarch64-neoverse_v1-graviton3.cpuinfo",
+    ),
+}
+BUILD_NODES = 2
+
+
+def cluster_specs() -> list:
+    """The session cluster's nodes, for this machine's type."""
+    login_cpu, *compute_cpus = CPUS[platform.machine()]
+    specs = namespace_cluster.default_specs(
+        [(cpu, index == len(compute_cpus) - 1) for index, cpu in enumerate(compute_cpus)], BUILD_NODES
+    )
+    return [
+        namespace_cluster.NodeSpec(spec.name, spec.role, cpu=login_cpu) if spec.role == "login" else spec
+        for spec in specs
+    ]
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[namespace_cluster.Cluster]:
+    """The running cluster; stopped at the end of the session, which fails if anything is left."""
+    started = namespace_cluster.up(cluster_specs())
+    try:
+        yield started
+    finally:
+        started.down()
+        left = started.leftovers()
+        if not left:
+            namespace_cluster.remove_root(started)
+    if left:
+        pytest.fail("the cluster left behind: " + "; ".join(left))
+
+
+def ansible_env(extra: dict | None = None) -> dict:
+    """The environment for ansible-playbook run on the controller."""
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/bin",
+        "HOME": "/root",
+        "LANG": "C.UTF-8",
+        "ANSIBLE_HOST_KEY_CHECKING": "True",
+        "ANSIBLE_FORCE_COLOR": "0",
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    env.update(extra or {})
+    return env
