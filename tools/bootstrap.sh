@@ -117,13 +117,25 @@ fi
 # The stamp names the lock file's hash and the interpreter: a changed pin or a new Python
 # rebuilds the environment, an unchanged one costs one hash.
 stamp_want="$(sha256sum "$lock" | cut -d' ' -f1) $("$python" -c 'import sys; print(sys.version.split()[0], sys.executable)')"
-if [ -f "$venv/.bootstrap-stamp" ] && [ "$(cat "$venv/.bootstrap-stamp")" = "$stamp_want" ]; then
-  exit 0
+if ! [ -f "$venv/.bootstrap-stamp" ] || [ "$(cat "$venv/.bootstrap-stamp")" != "$stamp_want" ]; then
+  say "creating .venv from requirements/dev.txt (ansible-core, ansible-lint, molecule, EasyBuild, pytest)"
+  rm -rf "$venv"
+  "$python" -m venv "$venv" >"$log" 2>&1 || { cat "$log" >&2; die "python -m venv failed"; }
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$lock" >"$log" 2>&1 ||
+    { cat "$log" >&2; die "pip install -r requirements/dev.txt failed"; }
+  printf '%s\n' "$stamp_want" >"$venv/.bootstrap-stamp"
+  say ".venv ready ($("$venv/bin/python" -V))"
 fi
-say "creating .venv from requirements/dev.txt (ansible-core, ansible-lint, molecule, EasyBuild, pytest)"
-rm -rf "$venv"
-"$python" -m venv "$venv" >"$log" 2>&1 || { cat "$log" >&2; die "python -m venv failed"; }
-"$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$lock" >"$log" 2>&1 ||
-  { cat "$log" >&2; die "pip install -r requirements/dev.txt failed"; }
-printf '%s\n' "$stamp_want" >"$venv/.bootstrap-stamp"
-say ".venv ready ($("$venv/bin/python" -V))"
+
+# --- wheelhouse ---------------------------------------------------------------------------
+# The namespace cluster's nodes have no network: the build_host role installs EasyBuild there
+# with pip from these wheels (the pinned EasyBuild and setuptools, built once).
+wheelhouse=$venv/wheelhouse
+if [ "$profile" = test ] && ! [ -f "$wheelhouse/.complete" ]; then
+  pins=$(grep -E '^(easybuild|setuptools)==' "$lock" | cut -d' ' -f1 | tr '\n' ' ')
+  say "building the wheelhouse for the test cluster's build nodes: $pins"
+  # shellcheck disable=SC2086 # one argument per pin
+  "$venv/bin/python" -m pip wheel -q --disable-pip-version-check -w "$wheelhouse" $pins >"$log" 2>&1 ||
+    { cat "$log" >&2; die "pip wheel of $pins failed"; }
+  touch "$wheelhouse/.complete"
+fi

@@ -14,6 +14,7 @@ process, mount, namespace or interface still there fails the session.
 from __future__ import annotations
 
 import platform
+import subprocess
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -21,6 +22,7 @@ from typing import Iterator
 import pytest
 
 import cluster as namespace_cluster
+from localplay import BIN, PLAY_TIMEOUT, LocalPlaybooks, Play
 
 # Usage: ``pytestmark = CLUSTER`` in a test module.
 CLUSTER = [pytest.mark.cluster, pytest.mark.xdist_group("cluster")]
@@ -82,3 +84,24 @@ def ansible_env(extra: dict | None = None) -> dict:
     }
     env.update(extra or {})
     return env
+
+
+class ClusterPlaybooks(LocalPlaybooks):
+    """The collection's playbooks run on the cluster's controller over SSH to ``inventory``'s
+    hosts at their own addresses (no ``connection: local``); Ansible's files under ``scratch``."""
+
+    def __init__(self, cluster: namespace_cluster.Cluster, scratch: Path, inventory: Path) -> None:
+        super().__init__(scratch, ansible_env())
+        self.cluster, self.inventory = cluster, inventory
+
+    def argv(self, name: str, *extra: str, inventory: str = "") -> list:
+        playbook = name if name.endswith(".yml") else f"hpcstack.ops.{name}"
+        return [str(BIN / "ansible-playbook"), playbook, "-i", inventory or str(self.inventory), *extra]
+
+    def run(self, name: str, *extra: str, inventory: str = "") -> Play:
+        argv = self.argv(name, *extra, inventory=inventory)
+        try:
+            done = self.cluster.controller.run(argv, env=self.env(), check=False, timeout=PLAY_TIMEOUT)
+        except subprocess.TimeoutExpired as expired:
+            raise AssertionError(f"{' '.join(argv)} did not finish in {PLAY_TIMEOUT} s") from expired
+        return Play(done)
