@@ -4,7 +4,7 @@ Each lives in its own module under ``harness/``; importing them here makes them 
 every integration test.
 """
 
-from tests.integration.harness.cluster import cluster
+from tests.integration.harness.cluster import cephfs, cluster, glusterfs
 from tests.integration.harness.ebsite import eb_site_factory
 from tests.integration.harness.guard import eessi_prefix, guard_site
 from tests.integration.harness.guard_rollout import job_root
@@ -16,11 +16,13 @@ from tests.support.staged import package_root, staged_site
 from tests.support.users import unprivileged_user, user_tmp_path
 
 __all__ = [
+    "cephfs",
     "cluster",
     "easybuild",
     "eb_site_factory",
     "eessi_prefix",
     "fuse_dir",
+    "glusterfs",
     "guard_site",
     "job_root",
     "lmod",

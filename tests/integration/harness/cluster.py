@@ -22,6 +22,7 @@ from typing import Iterator
 import pytest
 
 import cluster as namespace_cluster
+import sharedfs
 from localplay import BIN, PLAY_TIMEOUT, LocalPlaybooks, Play
 
 # Usage: ``pytestmark = CLUSTER`` in a test module.
@@ -43,6 +44,8 @@ CPUS = {
     ),
 }
 BUILD_NODES = 2
+# The nodes that mount the session's shared filesystems: the build nodes and the compute nodes.
+SHARED_FS_CLIENTS = ("b1", "b2", "c1", "c2", "c3")
 
 
 def cluster_specs() -> list:
@@ -70,6 +73,29 @@ def cluster() -> Iterator[namespace_cluster.Cluster]:
             namespace_cluster.remove_root(started)
     if left:
         pytest.fail("the cluster left behind: " + "; ".join(left))
+
+
+def _shared_fs(cluster, start) -> Iterator[sharedfs.SharedFS]:
+    # The servers on the controller; stopped before the cluster, whose leftover check then
+    # finds any FUSE daemon or mount that outlived them.
+    clients = [cluster.node(name) for name in SHARED_FS_CLIENTS]
+    started = start(cluster, cluster.controller, clients)
+    try:
+        yield started
+    finally:
+        sharedfs.stop(cluster, started)
+
+
+@pytest.fixture(scope="session")
+def glusterfs(cluster) -> Iterator[sharedfs.SharedFS]:
+    """GlusterFS (one brick on the controller), mounted at /mnt/glusterfs on b1, b2, c1, c2, c3."""
+    yield from _shared_fs(cluster, sharedfs.start_glusterfs)
+
+
+@pytest.fixture(scope="session")
+def cephfs(cluster) -> Iterator[sharedfs.SharedFS]:
+    """CephFS (mon, memstore OSD, MDS on the controller), ceph-fuse at /mnt/cephfs on b1, b2, c1-c3."""
+    yield from _shared_fs(cluster, sharedfs.start_cephfs)
 
 
 def ansible_env(extra: dict | None = None) -> dict:

@@ -1,0 +1,272 @@
+"""The state-root lock and the directory exchange on real shared filesystems, from two build
+nodes of the namespace cluster: GlusterFS and CephFS, served from the controller and mounted
+with their FUSE clients on b1, b2 and the compute nodes (``testbed/sharedfs.py``).
+
+This answers the design's open-004 questions with the product's own code: the lock probe
+(``lockprobe.contend``, as ``hpcstack.ops.staged_probe`` runs it with ``lock_contention``) on
+b1 and b2 at once, each with the real lock or with a lock that takes only the flock on
+``.lock`` (the 0.2.0 publisher, ``flock(1)``); a refused or waiting run of
+``eb-staged-rebuild`` on one node while the other holds the lock; and ``eb-staged-rebuild
+probe --path`` on each filesystem. What is asserted is what was measured (GlusterFS 10.3,
+CephFS 16.2.15): a change in either filesystem fails here first.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+import checkout
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import locking, lockprobe
+from tests.integration.harness.cluster import CLUSTER
+
+pytestmark = CLUSTER
+
+ROUNDS = 15
+HOLD = 0.05
+# b2 keeps its own rhythm, so that out of step with b1 it would enter while b1 is inside
+# every few rounds if the lock let it (test_lockprobe_flock_only.py says why).
+B2_HOLD = 0.03
+TIMEOUT = 120
+
+# The lock probe in a process of its own on a node: lockprobe.contend with the real StateLock
+# ("full") or with a lock that takes only the flock on .lock ("flock-only"), as the 0.2.0
+# publisher does. The meet, the marker and the clean-up are the probe's own code.
+CONTEND = """
+import fcntl, json, os, sys, types
+sys.path.insert(0, sys.argv[1])
+from hpcstack_ops.staged_rebuild import locking, lockprobe
+
+class FlockOnly:
+    def __init__(self, state_root, timeout):
+        self.path = os.path.join(state_root, locking.LOCK_NAME)
+    def __enter__(self):
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+    def __exit__(self, *exc_info):
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+state_root, lock, host, probe_id = sys.argv[2:6]
+if lock == "flock-only":
+    lockprobe.locking = types.SimpleNamespace(StateLock=FlockOnly)
+result = lockprobe.contend(
+    state_root, host, probe_id, 2, rounds=int(sys.argv[6]), hold_seconds=float(sys.argv[7]), wait_seconds=60
+)
+print(json.dumps(result))
+"""
+
+# Holds the real state-root lock until stdin closes.
+HOLD_LOCK = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from hpcstack_ops.staged_rebuild import locking
+with locking.StateLock(sys.argv[2], 0):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+FILESYSTEMS = ("glusterfs", "cephfs")
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory):
+    """``hpcstack_ops`` for the nodes: /tmp is every node's."""
+    return checkout.link_package(tmp_path_factory.mktemp("pkg"))
+
+
+@pytest.fixture(params=FILESYSTEMS)
+def shared(request, cluster):
+    """One shared filesystem and a fresh directory on it, made from b1, with a state root whose
+    ``runs/`` is there (gc refuses a state root that never had one) and empty."""
+    fs = request.getfixturevalue(request.param)
+    top = f"{fs.mountpoint}/{request.node.name.split('[')[0][:40]}-{uuid.uuid4().hex[:8]}"
+    cluster.node("b1").run(["mkdir", "-p", f"{top}/state/runs"])
+    return fs, top
+
+
+def _tool(node, package, *args, timeout=TIMEOUT):
+    """``eb-staged-rebuild ARGS`` on ``node``, from this checkout."""
+    return node.run(
+        [sys.executable, "-m", "hpcstack_ops.staged_rebuild.cli", *args],
+        check=False,
+        timeout=timeout,
+        env={"PYTHONPATH": str(package), "PATH": "/usr/sbin:/usr/bin:/bin", "LANG": "C.UTF-8"},
+    )
+
+
+def _contend(cluster, package, state_root, b2_lock):
+    """The lock probe on b1 (real lock) and b2 (``b2_lock``) at once; both results."""
+    probe_id = f"p{uuid.uuid4().hex[:8]}"
+    started = []
+    for host, lock, hold in (("b1", "full", HOLD), ("b2", b2_lock, B2_HOLD)):
+        args = [str(package), state_root, lock, host, probe_id, str(ROUNDS), str(hold)]
+        started.append(
+            cluster.node(host).popen(
+                [sys.executable, "-c", CONTEND, *args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    results = []
+    for process in started:
+        out, err = process.communicate(timeout=TIMEOUT)
+        assert process.returncode == 0, err
+        results.append(json.loads(out))
+    return results
+
+
+class _Holder:
+    """The real state-root lock held on ``node`` until the ``with`` block ends."""
+
+    def __init__(self, node, package, state_root):
+        self.process = node.popen(
+            [sys.executable, "-c", HOLD_LOCK, str(package), state_root],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def __enter__(self):
+        assert self.process.stdout.readline() == "held\n"
+        return self
+
+    def release(self):
+        if self.process.stdin and not self.process.stdin.closed:
+            self.process.stdin.close()
+        assert self.process.wait(timeout=TIMEOUT) == 0
+
+    def __exit__(self, *exc_info):
+        self.release()
+        self.process.stdout.close()
+
+
+def test_data_written_on_one_node_is_read_on_the_others(shared, cluster):
+    _fs, top = shared
+    cluster.node("b1").write(f"{top}/from-b1", "written on b1\n")
+    for name in ("b2", "c1"):
+        assert cluster.node(name).read(f"{top}/from-b1") == "written on b1\n"
+    # Not a local directory: the server's brick or pool, not the node's overlay, holds it.
+    assert cluster.node("login").run(["test", "-e", f"{top}/from-b1"], check=False).returncode != 0
+
+
+def test_the_clients_see_the_filesystem_types_the_probe_knows(shared, cluster):
+    fs, _top = shared
+    expected = {"glusterfs": "fuse.glusterfs", "cephfs": "fuse.ceph-fuse"}[fs.kind]
+    assert fs.fstype == expected
+    for name in fs.nodes:
+        assert expected in cluster.node(name).read("/proc/self/mountinfo")
+
+
+def test_two_full_contenders_on_two_nodes_are_coherent(shared, cluster, package):
+    _fs, top = shared
+    b1, b2 = _contend(cluster, package, f"{top}/state", "full")
+    assert (b1["coherent"], b1["overlaps"]) == (True, []), b1
+    assert (b2["coherent"], b2["overlaps"]) == (True, []), b2
+    # The last one out removed the probe's directory, as seen from a third node.
+    assert cluster.node("c1").run(["ls", "-A", f"{top}/state/{lockprobe.PROBE_DIR}"]).stdout == ""
+
+
+def test_a_flock_only_contender_on_the_other_node_is_excluded(shared, cluster, package):
+    # On both filesystems flock reaches the other node (GlusterFS turns it into a POSIX lock,
+    # CephFS's MDS keeps flocks itself), so a contender that only takes the flock is kept out.
+    _fs, top = shared
+    b1, b2 = _contend(cluster, package, f"{top}/state", "flock-only")
+    assert (b1["coherent"], b1["overlaps"]) == (True, []), b1
+    assert (b2["coherent"], b2["overlaps"]) == (True, []), b2
+
+
+def test_a_run_on_the_other_node_is_refused_while_the_lock_is_held(shared, cluster, package):
+    _fs, top = shared
+    state = f"{top}/state"
+    with _Holder(cluster.node("b1"), package, state):
+        done = _tool(cluster.node("b2"), package, "--state-root", state, "--lock-timeout", "0", "gc")
+        # flock is coherent across nodes here: the refusal comes from the flock, and the holder
+        # record written through the shared file names the other node.
+        assert done.returncode == 2, done
+        assert "is locked by another eb-staged-rebuild run on this node (flock on" in done.stderr
+        assert "on b1" in done.stderr
+        # flock(1), as an old tool or a shell script takes it, is refused too.
+        taken = cluster.node("b2").run(["flock", "-n", "-E", "75", f"{state}/.lock", "true"], check=False)
+        assert taken.returncode == 75
+        # So is a POSIX lock on the sidecar from a third node.
+        locked = cluster.node("c1").run(
+            [sys.executable, "-c", _TRY_LOCKF, f"{state}/{locking.SIDECAR_NAME}"], check=False
+        )
+        assert locked.stdout.strip() == "refused", locked
+    done = _tool(cluster.node("b2"), package, "--state-root", state, "--lock-timeout", "0", "gc")
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_run_on_the_other_node_waits_for_the_lock_within_its_timeout(shared, cluster, package):
+    _fs, top = shared
+    state = f"{top}/state"
+    with _Holder(cluster.node("b1"), package, state) as holder:
+        waiting = cluster.node("b2").popen(
+            [sys.executable, "-m", "hpcstack_ops.staged_rebuild.cli", "--state-root", state,
+             "--lock-timeout", "30", "--json", "gc"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={"PYTHONPATH": str(package), "PATH": "/usr/sbin:/usr/bin:/bin", "LANG": "C.UTF-8"},
+        )  # fmt: skip
+        with pytest.raises(subprocess.TimeoutExpired):
+            waiting.wait(timeout=1.0)
+        holder.release()
+        out, err = waiting.communicate(timeout=TIMEOUT)
+    assert waiting.returncode == 0, err
+    assert json.loads(out)["changed"] in (True, False)
+
+
+def test_a_flock_1_holder_on_the_other_node_refuses_the_real_lock(shared, cluster, package):
+    _fs, top = shared
+    state = f"{top}/state"
+    holder = cluster.node("b2").popen(
+        ["flock", f"{state}/.lock", "sh", "-c", "echo held; read _"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        done = _tool(cluster.node("b1"), package, "--state-root", state, "--lock-timeout", "0", "gc")
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=TIMEOUT)
+        holder.stdout.close()
+    assert done.returncode == 2, done
+    # flock(1) writes no holder record.
+    assert "on this node (flock on" in done.stderr
+    assert "holder not recorded" in done.stderr
+
+
+_TRY_LOCKF = """
+import errno, fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CLOEXEC)
+try:
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except OSError as err:
+    print("refused" if err.errno in (errno.EACCES, errno.EAGAIN) else err.strerror)
+else:
+    print("taken")
+"""
+
+PROBED = {
+    # filesystem kind: (mountinfo type, exchange works, errno of the failed exchange)
+    "glusterfs": ("fuse.glusterfs", None, None),
+    "cephfs": ("fuse.ceph-fuse", None, None),
+}
+
+
+def test_probe_on_the_shared_filesystem(shared, cluster, package):
+    fs, top = shared
+    done = _tool(cluster.node("b1"), package, "probe", "--path", top, "--json")
+    assert done.returncode in (0, 1), done.stderr
+    report = json.loads(done.stdout)
+    print(fs.kind, json.dumps(report, indent=1))
+    assert report["filesystem"] == PROBED[fs.kind][0]
