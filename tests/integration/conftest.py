@@ -4,7 +4,7 @@ Each lives in its own module under ``harness/``; importing them here makes them 
 every integration test.
 """
 
-from tests.integration.harness.cluster import cephfs, cluster, glusterfs
+from tests.integration.harness.cluster import cephfs, cluster, glusterfs, one_disk
 from tests.integration.harness.ebsite import eb_site_factory
 from tests.integration.harness.guard import eessi_prefix, guard_site
 from tests.integration.harness.guard_rollout import job_root
@@ -26,6 +26,7 @@ __all__ = [
     "guard_site",
     "job_root",
     "lmod",
+    "one_disk",
     "package_root",
     "slurm_cluster",
     "slurm_guard",

@@ -98,6 +98,23 @@ def cephfs(cluster) -> Iterator[sharedfs.SharedFS]:
     yield from _shared_fs(cluster, sharedfs.start_cephfs)
 
 
+@pytest.fixture(scope="session")
+def one_disk(cluster) -> sharedfs.SharedFS:
+    """A directory of the machine's own disk, which every node sees at the same path: one
+    kernel's filesystem under all the nodes, where the directory exchange works, to set
+    beside the network filesystems where it does not."""
+    # The collection is importable once pytest is configured (tests/conftest.py), not before.
+    from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import mountinfo  # noqa: PLC0415
+
+    shared = cluster.root / "one-disk"
+    shared.mkdir(mode=0o755, exist_ok=True)
+    filesystem = mountinfo.filesystem_of(str(shared))
+    names = tuple(node.name for node in cluster.nodes)
+    return sharedfs.SharedFS(
+        "one-disk", str(shared), f"{filesystem} on Linux {platform.release()}", names, fstype=filesystem
+    )
+
+
 def ansible_env(extra: dict | None = None) -> dict:
     """The environment for ansible-playbook run on the controller."""
     env = {

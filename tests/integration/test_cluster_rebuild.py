@@ -1,0 +1,231 @@
+"""Staged rebuilds on the cluster: the build_host role over SSH onto a build node, and a
+publish by ``hpcstack.ops.rebuild`` while a job on a compute node runs a program from the
+live tree, on each real shared filesystem.
+
+The live tree is on the shared filesystem, mounted on the build node and on the compute
+nodes: GlusterFS and CephFS (both FUSE, where ``probe`` finds no directory exchange), and a
+directory of the machine's own disk that every node sees (one kernel under all the nodes,
+where it finds one). The job opens the library's install directory once per run, as a job does
+(``tests/support/tree_reader.py``). Where ``probe`` says the directory exchange works on that
+filesystem, the job must never see the install missing or partial; where it says the
+fallback is taken, the live name may be missing for the moment between two renames (the
+documented behaviour), never partial. The test also reads the run's journal: the fallback's
+renames are journaled, so it says which of the two the publish really did, and that must be
+what ``probe`` predicted.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import stackenv
+import tinypkgs
+from tests.integration.harness.cluster import CLUSTER, ClusterPlaybooks
+
+pytestmark = CLUSTER
+
+BUILD_NODE = "b1"
+JOB_NODE = "c1"
+READER = Path(__file__).resolve().parents[1] / "support" / "tree_reader.py"
+WHEELHOUSE = Path(stackenv.find_eb()).parent.parent / "wheelhouse"
+PREFIX = "/opt/hpcstack/eb-staged-rebuild"
+COMMAND = "/usr/local/bin/eb-staged-rebuild"
+LIB = f"{tinypkgs.LIB}/{tinypkgs.VERSION}"
+APP = f"{tinypkgs.APP}/{tinypkgs.VERSION}"
+NEW_GREETING = "hello from TinyLib 1.0, rebuilt"
+# Runs of the job after the publish, so that the report shows the new tree for certain.
+RUNS_AFTER = 20
+JOB_TIMEOUT = 120
+
+ROLE_PLAY = """\
+- name: Prepare the build hosts
+  hosts: build_hosts
+  gather_facts: false
+  roles:
+    - role: hpcstack.ops.build_host
+"""
+
+
+class LiveTree:
+    """One test's live tree on a shared filesystem, and what runs on and around it."""
+
+    def __init__(self, cluster, shared, scratch: Path, lmod: stackenv.Lmod) -> None:
+        self.cluster, self.shared, self.scratch, self.lmod = cluster, shared, scratch, lmod
+        self.installpath = f"{shared.mountpoint}/apps-{uuid.uuid4().hex[:8]}"
+        self.state_root = f"{self.installpath}/.eb-staged-rebuild"
+        self.build = cluster.node(BUILD_NODE)
+        inventory = cluster.inventory({"build_hosts": [BUILD_NODE]}, path=scratch / "inventory.yml")
+        self.plays = ClusterPlaybooks(cluster, scratch / "ansible", inventory)
+
+    def easybuild_env(self, packages: tinypkgs.TinyPackages) -> dict:
+        """EasyBuild's settings on the build node: offline sources, Lmod, the live tree."""
+        env = stackenv.easybuild_env(
+            self.lmod,
+            prefix=self.scratch / "eb-state",
+            installpath=Path(self.installpath),
+            sources=packages.sources,
+            easyconfigs=packages.easyconfigs,
+            base={"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": "/root", "LANG": "C.UTF-8"},
+        )
+        env["TMPDIR"] = str(self.scratch)
+        return env
+
+    def install_role(self):
+        (self.scratch / "role.yml").write_text(ROLE_PLAY)
+        return self.plays.run(
+            str(self.scratch / "role.yml"),
+            "-e", f"build_host_installpath={self.installpath}",
+            "-e", json.dumps({"build_host_pip_args": ["--no-index", "--find-links", str(WHEELHOUSE)]}),
+        )  # fmt: skip
+
+    def first_install(self, packages: tinypkgs.TinyPackages) -> None:
+        """Plain EasyBuild on the build node, as the site installed the software at first."""
+        env = self.easybuild_env(packages)
+        done = self.build.run(
+            [str(stackenv.find_eb()), str(packages.easyconfig(tinypkgs.APP)), "--robot"],
+            env=env, check=False, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    def probe(self) -> dict:
+        done = self.cluster.ssh(
+            self.build, [COMMAND, "probe", "--path", f"{self.installpath}/software", "--json"], check=False
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    def rebuild(self, packages: tinypkgs.TinyPackages):
+        env = self.easybuild_env(packages)
+        environment = {name: value for name, value in env.items() if name.startswith(("EASYBUILD_", "LMOD"))}
+        environment.update(
+            {"EB_STAGED_REBUILD_EB": f"{PREFIX}/venv/bin/eb", "EB_PYTHON": f"{PREFIX}/venv/bin/python"}
+        )
+        variables = {
+            "staged_hosts": "build_hosts",
+            "staged_state_root": self.state_root,
+            "staged_installpath": self.installpath,
+            "staged_modules": [LIB],
+            "staged_easyconfigs": [str(packages.easyconfig(tinypkgs.LIB))],
+            "staged_environment": environment,
+        }
+        return self.plays.run("rebuild", "-e", json.dumps(variables))
+
+    def journal_steps(self) -> list:
+        runs = self.build.run(["ls", f"{self.state_root}/runs"]).stdout.split()
+        assert len(runs) == 1, runs
+        journal = json.loads(self.build.read(f"{self.state_root}/runs/{runs[0]}/journal.json"))
+        return [step["step"] for step in journal["steps"]]
+
+
+class Clock:
+    """Wall time per phase, for the test's report."""
+
+    def __init__(self) -> None:
+        self.start, self.laps = time.monotonic(), []
+
+    def lap(self, what: str) -> None:
+        now = time.monotonic()
+        self.laps.append(f"{what} {now - self.start:.1f} s")
+        self.start = now
+
+    def __str__(self) -> str:
+        return ", ".join(self.laps)
+
+
+class Job:
+    """``tree_reader.py`` as a Slurm job on the compute node, submitted from the login node."""
+
+    def __init__(self, cluster, live: LiveTree) -> None:
+        self.report = live.scratch / "reader.json"
+        self.stop_file = live.scratch / "reader.stop"
+        argv = [
+            "srun", "-N1", "-w", JOB_NODE, "--chdir=/", "/usr/bin/python3", str(READER),
+            f"{live.installpath}/software/{APP}/bin/tinyapp", f"{live.installpath}/software/{LIB}",
+            str(self.stop_file), str(self.report),
+        ]  # fmt: skip
+        self.process = cluster.node("login").popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        self.wait_for_runs(None, 1)
+
+    def counts(self) -> dict:
+        return json.loads(self.report.read_text())["counts"] if self.report.exists() else {}
+
+    def wait_for_runs(self, greeting: str | None, runs: int) -> None:
+        """Until the job has made ``runs`` runs (that saw ``greeting``, if given)."""
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while True:
+            counts = self.counts()
+            if (counts.get(greeting, 0) if greeting else sum(counts.values())) >= runs:
+                return
+            if self.process.poll() is not None:
+                raise AssertionError(f"the job ended early: {self.process.stderr.read()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"the job made no {runs} runs of {greeting} in {JOB_TIMEOUT} s: {counts}"
+                )
+            time.sleep(0.05)
+
+    def stop(self) -> dict:
+        self.stop_file.touch()
+        try:
+            self.process.wait(timeout=JOB_TIMEOUT)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+            self.process.stderr.close()
+        return json.loads(self.report.read_text())
+
+
+@pytest.fixture(params=["one_disk", "glusterfs", "cephfs"])
+def live(request, cluster, lmod, tmp_path):
+    shared = request.getfixturevalue(request.param)
+    tmp_path.chmod(0o755)
+    return LiveTree(cluster, shared, tmp_path, lmod)
+
+
+def test_a_publish_on_the_shared_filesystem_is_what_probe_said_to_a_running_job(live, cluster):
+    clock = Clock()
+    live.first_install(tinypkgs.write_packages(live.scratch / "gen1"))
+    clock.lap("first install")
+    role = live.install_role()
+    clock.lap("build_host role")
+    assert role.failed == 0, role.output
+    assert role.unreachable == 0, role.output
+    assert list(role.recap) == [BUILD_NODE]
+    probed = live.probe()
+    assert probed["filesystem"] == live.shared.fstype, probed
+    clock.lap("probe")
+
+    job = Job(cluster, live)
+    try:
+        published = live.rebuild(tinypkgs.write_packages(live.scratch / "gen2", greeting=NEW_GREETING))
+        assert published.failed == 0, published.output
+        assert published.changed == 1, published.output
+        clock.lap("rebuild playbook")
+        # The publish is over: the job must now see the new tree, run after run.
+        job.wait_for_runs(NEW_GREETING, RUNS_AFTER)
+    finally:
+        seen = job.stop()
+
+    counts = seen["counts"]
+    # What the closing figures quote: the filesystem, probe's answer, the job's runs, the times.
+    print(
+        f"{live.shared.kind} {live.shared.version}: exchange={probed['exchange']} "
+        f"job runs {json.dumps(counts)}; {clock}"
+    )
+    assert seen["order"] == [tinypkgs.GREETING, NEW_GREETING], seen
+    assert counts.get("partial", 0) == 0, seen
+    steps = live.journal_steps()
+    fell_back = any(step.startswith("fallback-") for step in steps)
+    assert fell_back == (not probed["exchange"]), (probed, steps)
+    if probed["exchange"]:
+        assert counts.get("missing", 0) == 0, seen
+    assert set(counts) <= {tinypkgs.GREETING, NEW_GREETING, "missing"}, seen
