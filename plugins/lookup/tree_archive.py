@@ -10,7 +10,7 @@ author: hpcstack.ops maintainers (@hpcstack)
 version_added: 0.1.0
 short_description: Pack files under a directory on the controller into one tar archive
 description:
-  - Lists the files of each term as M(hpcstack.ops.tree_digest) does (the same files, in the
+  - Lists the files of each term as P(hpcstack.ops.tree_digest#lookup) does (the same files, in the
     same order, without what an interpreter or a build leaves in a source tree) and writes
     them, with the directories above them, into one uncompressed tar archive on the
     controller; returns the archive's path, for M(ansible.builtin.unarchive).

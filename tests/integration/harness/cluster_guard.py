@@ -45,7 +45,7 @@ POLL_SECONDS = 0.1
 SLURM_CONF = namespace_cluster.SLURM_CONF
 # task.sh of the single-node tests, and the node each task ran on.
 CLUSTER_TASK_SCRIPT = TASK_SCRIPT + 'echo "$tag node=${SLURMD_NODENAME-}"\n'
-# The role alone, on the play's hosts; the facts it sets are shown for the tests to read.
+# The role alone, on the hosts of the group guard_nodes.
 ROLE_PLAYBOOK = """\
 - name: Roll the guard out
   hosts: guard_nodes
@@ -60,12 +60,6 @@ RUNLOG = "/var/tmp/eessi-archdetect-runs"
 def target_of(cpu_file: str) -> str:
     """The CPU target the archdetect stand-in answers for a cpuinfo fixture."""
     return {name: target for target, name in eessilike.CPUINFO_FIXTURES.items()}[cpu_file]
-
-
-@dataclass
-class TimedPlay:
-    play: Play
-    seconds: float
 
 
 @dataclass
