@@ -193,7 +193,8 @@ mds beacon interval = 1
 def start_cephfs(cluster: Cluster, server: Node, clients: Sequence[Node]) -> SharedFS:
     """A mon, a memstore OSD and an MDS on ``server``; ceph-fuse at /mnt/cephfs on ``clients``."""
     started = time.monotonic()
-    here = cluster.root / "sharedfs" / "ceph"
+    # Per server: a second CephFS in the same cluster has its own fsid and mon.
+    here = cluster.root / "sharedfs" / f"ceph-{server.name}"
     here.mkdir(parents=True, exist_ok=True)
     conf = here / "ceph.conf"
     text = ceph_conf(cluster, server)

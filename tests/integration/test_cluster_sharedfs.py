@@ -21,6 +21,7 @@ import uuid
 import pytest
 
 import checkout
+import sharedfs
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import locking, lockprobe, probe
 from tests.integration.harness.cluster import CLUSTER
 
@@ -297,3 +298,32 @@ def test_probe_finds_no_exchange_and_prints_the_measured_lock(shared, cluster, p
     )
     # The scratch directories of the exchange are gone, as seen from another node.
     assert cluster.node("b2").run(["ls", "-A", top]).stdout.split() == ["state"]
+
+
+_NAMESPACE_OF = 'for file in "$@"; do stat -L -c %i "/proc/$(cat "$file")/ns/pid"; done'
+
+
+@pytest.mark.parametrize("start", [sharedfs.start_glusterfs, sharedfs.start_cephfs], ids=FILESYSTEMS)
+def test_every_daemon_runs_inside_its_node_and_stop_leaves_nothing(cluster, glusterfs, cephfs, start):
+    # A filesystem of its own on the login node (server and client), which the session's two
+    # do not use: stopping it must not touch theirs.
+    login = cluster.node("login")
+    fs = start(cluster, login, [login])
+    try:
+        pid_files = [pid_file for _name, pid_file in fs.servers + fs.clients]
+        inodes = login.run(["sh", "-ec", _NAMESPACE_OF, "-", *pid_files]).stdout.split()
+        # Every daemon is in the node's pid namespace, so the node's end is theirs too.
+        assert inodes == [str(login.namespaces["pid"])] * len(pid_files)
+        login.write(f"{fs.mountpoint}/probe", "here\n")
+        pids = login.run(["sh", "-ec", 'cat "$@"', "-", *pid_files]).stdout.split()
+    finally:
+        sharedfs.stop(cluster, fs)
+    assert fs.mountpoint not in login.read("/proc/self/mountinfo")
+    assert "gsyncd" not in login.read("/proc/self/mountinfo")
+    for pid in pids:
+        assert login.run(["kill", "-0", pid], check=False).returncode != 0, pid
+    # The session's two still serve their nodes.
+    for session in (glusterfs, cephfs):
+        name = f"{session.mountpoint}/after-{uuid.uuid4().hex[:8]}"
+        cluster.node("b1").write(name, "still here\n")
+        assert cluster.node("c2").read(name) == "still here\n"
