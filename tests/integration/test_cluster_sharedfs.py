@@ -35,8 +35,9 @@ B2_HOLD = 0.03
 TIMEOUT = 120
 
 # The lock probe in a process of its own on a node: lockprobe.contend with the real StateLock
-# ("full") or with a lock that takes only the flock on .lock ("flock-only"), as the 0.2.0
-# publisher does. The meet, the marker and the clean-up are the probe's own code.
+# ("full"), with a lock that takes only the flock on .lock ("flock-only"), as the 0.2.0
+# publisher does, or with no lock at all ("none"). The meet, the marker and the clean-up are the
+# probe's own code.
 CONTEND = """
 import fcntl, json, os, sys, types
 sys.path.insert(0, sys.argv[1])
@@ -52,9 +53,17 @@ class FlockOnly:
         fcntl.flock(self.fd, fcntl.LOCK_UN)
         os.close(self.fd)
 
+class NoLock:
+    def __init__(self, state_root, timeout):
+        pass
+    def __enter__(self):
+        pass
+    def __exit__(self, *exc_info):
+        pass
+
 state_root, lock, host, probe_id = sys.argv[2:6]
-if lock == "flock-only":
-    lockprobe.locking = types.SimpleNamespace(StateLock=FlockOnly)
+if lock != "full":
+    lockprobe.locking = types.SimpleNamespace(StateLock={"flock-only": FlockOnly, "none": NoLock}[lock])
 result = lockprobe.contend(
     state_root, host, probe_id, 2, rounds=int(sys.argv[6]), hold_seconds=float(sys.argv[7]), wait_seconds=60
 )
@@ -171,6 +180,16 @@ def test_two_full_contenders_on_two_nodes_are_coherent(shared, cluster, package)
     assert (b2["coherent"], b2["overlaps"]) == (True, []), b2
     # The last one out removed the probe's directory, as seen from a third node.
     assert cluster.node("c1").run(["ls", "-A", f"{top}/state/{lockprobe.PROBE_DIR}"]).stdout == ""
+
+
+def test_the_probe_finds_a_contender_on_the_other_node_that_takes_no_lock(shared, cluster, package):
+    # The control: through these FUSE clients' caches the probe does see another node inside,
+    # so "coherent" above is a measurement and not a blind spot.
+    _fs, top = shared
+    b1, _b2 = _contend(cluster, package, f"{top}/state", "none")
+    assert b1["coherent"] is False, b1
+    # Unlocked writes also tear: b1 may read NULs where b2 truncated the marker meanwhile.
+    assert "b2" in b1["overlaps"], b1
 
 
 def test_a_flock_only_contender_on_the_other_node_is_excluded(shared, cluster, package):
