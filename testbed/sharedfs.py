@@ -62,11 +62,13 @@ class SharedFS:
     start_seconds: float = 0.0
 
 
-def _wait(what: str, ready, timeout: float = START_TIMEOUT) -> None:
+def _wait(what: str, ready, timeout: float = START_TIMEOUT, detail=None) -> None:
+    """Poll ``ready()``; past ``timeout`` raise, with what ``detail()`` says about why."""
     deadline = time.monotonic() + timeout
     while not ready():
         if time.monotonic() > deadline:
-            raise ClusterError(f"{what} not ready after {timeout:.0f} s")
+            why = f": {detail()}" if detail is not None else ""
+            raise ClusterError(f"{what} not ready after {timeout:.0f} s{why}")
         time.sleep(_POLL)
 
 
@@ -78,9 +80,11 @@ def _fstype(node: Node, mountpoint: str) -> str:
     raise ClusterError(f"nothing is mounted at {mountpoint} on {node.name}")
 
 
-def _mount_on(clients: Iterable[Node], mountpoint: str, command: Sequence[str], pid_file: str) -> tuple:
+def _mount_on(
+    clients: Iterable[Node], mountpoint: str, command: Sequence[str], pid_file: str, dirs: str = ""
+) -> tuple:
     """Start the FUSE client ``command`` (which daemonizes) on every node at once; wait for the mounts."""
-    script = f"mkdir -p {mountpoint} /run/ceph; {shlex.join(command)}"
+    script = f"mkdir -p {mountpoint} {dirs}; {shlex.join(command)}"
     starting = [
         (
             node,
@@ -158,7 +162,7 @@ def start_glusterfs(cluster: Cluster, server: Node, clients: Sequence[Node]) -> 
 
 
 # --- CephFS -------------------------------------------------------------------------------
-def ceph_conf(cluster: Cluster, server: Node) -> str:
+def ceph_conf(server: Node) -> str:
     """The configuration every daemon and client reads: one mon on ``server``, no auth."""
     return f"""[global]
 fsid = {uuid.uuid4()}
@@ -197,7 +201,7 @@ def start_cephfs(cluster: Cluster, server: Node, clients: Sequence[Node]) -> Sha
     here = cluster.root / "sharedfs" / f"ceph-{server.name}"
     here.mkdir(parents=True, exist_ok=True)
     conf = here / "ceph.conf"
-    text = ceph_conf(cluster, server)
+    text = ceph_conf(server)
     conf.write_text(text)
     fsid = text.split("fsid = ", 1)[1].split("\n", 1)[0]
     ceph = f"ceph -c {conf}"
@@ -230,12 +234,16 @@ ceph-mds -c {conf} -i {server.name} >/dev/null
         done = server.run(["ceph", "-c", str(conf), "mds", "stat"], check=False, timeout=30)
         return "up:active" in done.stdout
 
-    _wait("the ceph mds", active)
+    def why() -> str:
+        done = server.run(["ceph", "-c", str(conf), "-s"], check=False, timeout=30)
+        return f"{done.stdout.strip()} {(here / 'commands.log').read_text().strip()}"
+
+    _wait("the ceph mds", active, detail=why)
     mountpoint = "/mnt/cephfs"
     pid_file = "/run/ceph/ceph-fuse.pid"
-    mounted = _mount_on(
-        clients, mountpoint, ["ceph-fuse", "-c", str(conf), f"--pid-file={pid_file}", mountpoint], pid_file
-    )
+    # /run/ceph: each client's admin socket, in its node's own /run.
+    command = ["ceph-fuse", "-c", str(conf), f"--pid-file={pid_file}", mountpoint]
+    mounted = _mount_on(clients, mountpoint, command, pid_file, dirs="/run/ceph")
     elapsed = time.monotonic() - started
     return SharedFS(
         kind="cephfs",
