@@ -2,18 +2,19 @@
 nodes of the namespace cluster: GlusterFS and CephFS, served from the controller and mounted
 with their FUSE clients on b1, b2 and the compute nodes (``testbed/sharedfs.py``).
 
-This answers the design's open-004 questions with the product's own code: the lock probe
-(``lockprobe.contend``, as ``hpcstack.ops.staged_probe`` runs it with ``lock_contention``) on
-b1 and b2 at once, each with the real lock or with a lock that takes only the flock on
-``.lock`` (the 0.2.0 publisher, ``flock(1)``); a refused or waiting run of
-``eb-staged-rebuild`` on one node while the other holds the lock; and ``eb-staged-rebuild
-probe --path`` on each filesystem. What is asserted is what was measured (GlusterFS 10.3,
-CephFS 16.2.15): a change in either filesystem fails here first.
+This answers the design's open-004 questions with the product's own code: the lock probe as
+``ansible-playbook hpcstack.ops.probe`` runs it on b1 and b2 (both with the real lock), and
+``lockprobe.contend`` in a process on each node with the real lock on b1 and, on b2, a lock
+that takes only the flock on ``.lock`` (the 0.2.0 publisher, ``flock(1)``) or, as the
+control, no lock; a refused or waiting ``eb-staged-rebuild`` on one node while the other
+holds the lock; and ``eb-staged-rebuild probe --path`` on each filesystem. What is asserted
+is what was measured (GlusterFS 10.3, CephFS 16.2.15): a change in either fails here first.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import uuid
@@ -21,9 +22,10 @@ import uuid
 import pytest
 
 import checkout
+import localplay
 import sharedfs
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import locking, lockprobe, probe
-from tests.integration.harness.cluster import CLUSTER
+from tests.integration.harness.cluster import CLUSTER, ansible_env
 
 pytestmark = CLUSTER
 
@@ -172,15 +174,6 @@ def test_the_clients_see_the_filesystem_types_the_probe_knows(shared, cluster):
         assert expected in cluster.node(name).read("/proc/self/mountinfo")
 
 
-def test_two_full_contenders_on_two_nodes_are_coherent(shared, cluster, package):
-    _fs, top = shared
-    b1, b2 = _contend(cluster, package, f"{top}/state", "full")
-    assert (b1["coherent"], b1["overlaps"]) == (True, []), b1
-    assert (b2["coherent"], b2["overlaps"]) == (True, []), b2
-    # The last one out removed the probe's directory, as seen from a third node.
-    assert cluster.node("c1").run(["ls", "-A", f"{top}/state/{lockprobe.PROBE_DIR}"]).stdout == ""
-
-
 def test_the_probe_finds_a_contender_on_the_other_node_that_takes_no_lock(shared, cluster, package):
     # The control: through these FUSE clients' caches the probe does see another node inside,
     # so "coherent" above is a measurement and not a blind spot.
@@ -235,7 +228,7 @@ def test_a_run_on_the_other_node_waits_for_the_lock_within_its_timeout(shared, c
             env={"PYTHONPATH": str(package), "PATH": "/usr/sbin:/usr/bin:/bin", "LANG": "C.UTF-8"},
         )  # fmt: skip
         with pytest.raises(subprocess.TimeoutExpired):
-            waiting.wait(timeout=1.0)
+            waiting.wait(timeout=0.5)
         holder.release()
         out, err = waiting.communicate(timeout=TIMEOUT)
     assert waiting.returncode == 0, err
@@ -320,6 +313,30 @@ def test_probe_finds_no_exchange_and_prints_the_measured_lock(shared, cluster, p
     )
     # The scratch directories of the exchange are gone, as seen from another node.
     assert cluster.node("b2").run(["ls", "-A", top]).stdout.split() == ["state"]
+
+
+def test_the_probe_playbook_on_b1_and_b2_finds_the_lock_coherent(shared, cluster, tmp_path):
+    # Two full contenders: ansible-playbook hpcstack.ops.probe on the controller, its
+    # staged_probe module over SSH on both build nodes, contending for one state root.
+    fs, top = shared
+    fstype = MEASURED[fs.kind][0]
+    playbooks = localplay.LocalPlaybooks(tmp_path / "ansible", ansible_env())
+    inventory = cluster.inventory({"build_hosts": ["b1", "b2"]}, path=tmp_path / "inventory.yml")
+    argv = [
+        str(localplay.BIN / "ansible-playbook"), "hpcstack.ops.probe", "-i", str(inventory),
+        "-e", f"staged_probe_path={top}", "-e", f"staged_state_root={top}/state",
+        "-e", f"staged_probe_rounds={ROUNDS}",
+    ]  # fmt: skip
+    done = cluster.controller.run(argv, env=playbooks.env(), check=False, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for host in ("b1", "b2"):
+        # host, filesystem, exchange, bwrap, userns, auto backend, lock
+        assert re.search(rf'"{host} +{re.escape(fstype)} +False +True +True +bwrap +yes +"', done.stdout), (
+            done.stdout
+        )
+        assert f"{host}: cross-node lock: {fstype} is shared; the lock was measured coherent" in done.stdout
+    assert "lock: coherent across b1, b2: one live tree on this filesystem may be rebuilt" in done.stdout
+    assert cluster.node("c1").run(["ls", "-A", f"{top}/state/{lockprobe.PROBE_DIR}"]).stdout == ""
 
 
 _NAMESPACE_OF = 'for file in "$@"; do stat -L -c %i "/proc/$(cat "$file")/ns/pid"; done'
