@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -354,6 +355,10 @@ def test_every_daemon_runs_inside_its_node_and_stop_leaves_nothing(cluster, glus
         # Every daemon is in the node's pid namespace, so the node's end is theirs too.
         assert inodes == [str(login.namespaces["pid"])] * len(pid_files)
         login.write(f"{fs.mountpoint}/probe", "here\n")
+        # Nothing of it is mounted in the machine's own mount namespace, which runs this test.
+        here = Path("/proc/self/mountinfo").read_text()
+        assert fs.mountpoint not in here
+        assert "gsyncd" not in here
         pids = login.run(["sh", "-ec", 'cat "$@"', "-", *pid_files]).stdout.split()
     finally:
         sharedfs.stop(cluster, fs)
