@@ -25,6 +25,7 @@ also ends everything. Nothing is mounted in the machine's own mount namespace.
 from __future__ import annotations
 
 import shlex
+import subprocess
 import time
 import uuid
 from dataclasses import dataclass
@@ -35,8 +36,12 @@ from cluster import Cluster, ClusterError, Node
 GLUSTER_VOLUME = "hc"
 GLUSTER_BRICK = "/var/lib/hc-glusterfs/brick"
 CEPH_FS = "cephfs"
+GSYNCD_STUB = """#!/bin/sh
+if [ "$1" = --version ]; then echo "gsyncd.py (geo-replication is not used here)"; fi
+"""
 START_TIMEOUT = 90.0
-STOP_TIMEOUT = 15.0
+STOP_TIMEOUT = 30.0
+STOP_GRACE = 5.0  # seconds from SIGTERM to SIGKILL
 _POLL = 0.05
 
 
@@ -46,7 +51,9 @@ class SharedFS:
 
     kind: str  # "glusterfs" | "cephfs"
     mountpoint: str  # the same path on every client node
-    version: str  # the first line of the server's ``glusterfs --version`` / ``ceph --version``
+    # The first line of the server's ``glusterfs --version`` / ``ceph-mon --version`` (the same
+    # line as ``ceph --version``, without starting a Python program).
+    version: str
     nodes: tuple  # the client nodes' names
     server: str = ""
     fstype: str = ""  # the filesystem type the clients' /proc/self/mountinfo names
@@ -55,11 +62,13 @@ class SharedFS:
     start_seconds: float = 0.0
 
 
-def _wait(what: str, ready, timeout: float = START_TIMEOUT) -> None:
+def _wait(what: str, ready, timeout: float = START_TIMEOUT, detail=None) -> None:
+    """Poll ``ready()``; past ``timeout`` raise, with what ``detail()`` says about why."""
     deadline = time.monotonic() + timeout
     while not ready():
         if time.monotonic() > deadline:
-            raise ClusterError(f"{what} not ready after {timeout:.0f} s")
+            why = f": {detail()}" if detail is not None else ""
+            raise ClusterError(f"{what} not ready after {timeout:.0f} s{why}")
         time.sleep(_POLL)
 
 
@@ -71,23 +80,33 @@ def _fstype(node: Node, mountpoint: str) -> str:
     raise ClusterError(f"nothing is mounted at {mountpoint} on {node.name}")
 
 
-def _mount_on(clients: Iterable[Node], mountpoint: str, command: Sequence[str], pid_file: str) -> tuple:
-    """Start the FUSE client ``command`` (which daemonizes) on each node; wait for the mount."""
-    mounted = []
-    for node in clients:
-        node.sh(f"mkdir -p {mountpoint} /run/ceph; {shlex.join(command)}")
-        mounted.append((node, pid_file))
-    for node, _pid_file in mounted:
-        # The daemon answers the mount before it serves it: the root is there once stat succeeds
-        # on the FUSE mount itself, not on the directory below it.
+def _mount_on(
+    clients: Iterable[Node], mountpoint: str, command: Sequence[str], pid_file: str, dirs: str = ""
+) -> tuple:
+    """Start the FUSE client ``command`` (which daemonizes) on every node at once; wait for the mounts."""
+    script = f"mkdir -p {mountpoint} {dirs}; {shlex.join(command)}"
+    starting = [
+        (
+            node,
+            node.popen(["sh", "-ec", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True),
+        )
+        for node in clients
+    ]
+    for node, process in starting:
+        _out, err = process.communicate(timeout=START_TIMEOUT)
+        if process.returncode != 0:
+            raise ClusterError(f"on {node.name}: {shlex.join(command)} exited {process.returncode}: {err}")
+    for node, _process in starting:
+        # The client daemonizes once it has the mount, before it serves it: statfs answers
+        # once it does.
         _wait(
             f"the mount at {mountpoint} on {node.name}",
             lambda node=node: (
-                node.run(["mountpoint", "-q", mountpoint], check=False).returncode == 0
-                and node.run(["stat", "-f", mountpoint], check=False).returncode == 0
+                node.run(["stat", "-f", "-c", "%T", mountpoint], check=False).returncode == 0
+                and node.run(["mountpoint", "-q", mountpoint], check=False).returncode == 0
             ),
         )
-    return tuple((node.name, pid_file) for node, pid_file in mounted)
+    return tuple((node.name, pid_file) for node, _process in starting)
 
 
 # --- GlusterFS ----------------------------------------------------------------------------
@@ -95,7 +114,21 @@ def start_glusterfs(cluster: Cluster, server: Node, clients: Sequence[Node]) -> 
     """glusterd and a one-brick volume on ``server``, mounted at /mnt/glusterfs on ``clients``."""
     started = time.monotonic()
     gluster = "gluster --mode=script"
-    server.sh(f"mkdir -p {GLUSTER_BRICK} /run/gluster; glusterd -p /run/glusterd.pid")
+    # glusterd runs geo-replication's Python helper (gsyncd) some twenty times before it
+    # answers, 4 s here. No geo-replication is used: the server node sees a stub there (a bind
+    # mount in that node's mount namespace only) that answers --version as gsyncd does, which
+    # glusterd requires, and does nothing else.
+    stub = cluster.root / "sharedfs" / "gsyncd"
+    stub.parent.mkdir(parents=True, exist_ok=True)
+    stub.write_text(GSYNCD_STUB)
+    stub.chmod(0o755)
+    server.sh(
+        f"mkdir -p {GLUSTER_BRICK} /run/gluster\n"
+        "for gsyncd in /usr/lib/*/glusterfs/gsyncd /usr/libexec/glusterfs/gsyncd; do\n"
+        f'  if [ -e "$gsyncd" ]; then mount --bind {stub} "$gsyncd"; fi\n'
+        "done\n"
+        "glusterd -p /run/glusterd.pid"
+    )
     _wait(
         "glusterd",
         lambda: server.run(["gluster", "--mode=script", "pool", "list"], check=False).returncode == 0,
@@ -129,7 +162,7 @@ def start_glusterfs(cluster: Cluster, server: Node, clients: Sequence[Node]) -> 
 
 
 # --- CephFS -------------------------------------------------------------------------------
-def ceph_conf(cluster: Cluster, server: Node) -> str:
+def ceph_conf(server: Node) -> str:
     """The configuration every daemon and client reads: one mon on ``server``, no auth."""
     return f"""[global]
 fsid = {uuid.uuid4()}
@@ -154,25 +187,34 @@ osd pool default pg autoscale mode = off
 osd crush chooseleaf type = 0
 mon allow pool size one = true
 mon warn on pool no redundancy = false
-# One MDS and one OSD: report to the mon often, so that "up:active" comes in a second.
+# One mon, one OSD, one MDS: the mon commits each change at once rather than batching a
+# second of them, so the OSD is up and the MDS active about 1 s after they start.
+paxos propose interval = 0.1
 mds beacon interval = 1
-osd mon report interval = 1
 """
 
 
 def start_cephfs(cluster: Cluster, server: Node, clients: Sequence[Node]) -> SharedFS:
     """A mon, a memstore OSD and an MDS on ``server``; ceph-fuse at /mnt/cephfs on ``clients``."""
     started = time.monotonic()
-    here = cluster.root / "sharedfs" / "ceph"
+    # Per server: a second CephFS in the same cluster has its own fsid and mon.
+    here = cluster.root / "sharedfs" / f"ceph-{server.name}"
     here.mkdir(parents=True, exist_ok=True)
     conf = here / "ceph.conf"
-    text = ceph_conf(cluster, server)
+    text = ceph_conf(server)
     conf.write_text(text)
     fsid = text.split("fsid = ", 1)[1].split("\n", 1)[0]
     ceph = f"ceph -c {conf}"
     osd_uuid = uuid.uuid4()
     # The OSD's uuid is given at mkfs: a mon refuses the boot of an OSD whose uuid differs from
-    # the one "osd new" registered.
+    # the one "osd new" registered. The OSD's mkfs runs while one ceph command (a Python
+    # program, 0.3 s a start here) reads the four cluster commands from its input.
+    commands = [
+        f"osd new {osd_uuid}",
+        "osd pool create cephfs_data 8",
+        "osd pool create cephfs_metadata 8",
+        f"fs new {CEPH_FS} cephfs_metadata cephfs_data",
+    ]
     server.sh(
         f"""
 mkdir -p /run/ceph /var/log/ceph /var/lib/ceph/mon/ceph-{server.name} /var/lib/ceph/osd/ceph-0 \
@@ -180,13 +222,11 @@ mkdir -p /run/ceph /var/log/ceph /var/lib/ceph/mon/ceph-{server.name} /var/lib/c
 monmaptool --create --fsid {fsid} --addv {server.name} '[v2:{server.address}:3300]' {here}/monmap >/dev/null
 ceph-mon -c {conf} --mkfs -i {server.name} --monmap {here}/monmap
 ceph-mon -c {conf} -i {server.name}
-{ceph} osd new {osd_uuid} >/dev/null
-ceph-osd -c {conf} -i 0 --mkfs --osd-uuid {osd_uuid} 2>/dev/null
+ceph-osd -c {conf} -i 0 --mkfs --osd-uuid {osd_uuid} >{here}/osd-mkfs.log 2>&1 &
+printf '%s\\n' {shlex.join(commands)} | {ceph} >/dev/null 2>{here}/commands.log
+wait $!
 ceph-osd -c {conf} -i 0
-{ceph} osd pool create cephfs_data 8 >/dev/null 2>&1
-{ceph} osd pool create cephfs_metadata 8 >/dev/null 2>&1
-{ceph} fs new {CEPH_FS} cephfs_metadata cephfs_data >/dev/null 2>&1
-ceph-mds -c {conf} -i {server.name}
+ceph-mds -c {conf} -i {server.name} >/dev/null
 """
     )
 
@@ -194,17 +234,21 @@ ceph-mds -c {conf} -i {server.name}
         done = server.run(["ceph", "-c", str(conf), "mds", "stat"], check=False, timeout=30)
         return "up:active" in done.stdout
 
-    _wait("the ceph mds", active)
+    def why() -> str:
+        done = server.run(["ceph", "-c", str(conf), "-s"], check=False, timeout=30)
+        return f"{done.stdout.strip()} {(here / 'commands.log').read_text().strip()}"
+
+    _wait("the ceph mds", active, detail=why)
     mountpoint = "/mnt/cephfs"
     pid_file = "/run/ceph/ceph-fuse.pid"
-    mounted = _mount_on(
-        clients, mountpoint, ["ceph-fuse", "-c", str(conf), f"--pid-file={pid_file}", mountpoint], pid_file
-    )
+    # /run/ceph: each client's admin socket, in its node's own /run.
+    command = ["ceph-fuse", "-c", str(conf), f"--pid-file={pid_file}", mountpoint]
+    mounted = _mount_on(clients, mountpoint, command, pid_file, dirs="/run/ceph")
     elapsed = time.monotonic() - started
     return SharedFS(
         kind="cephfs",
         mountpoint=mountpoint,
-        version=server.run(["ceph", "--version"]).stdout.splitlines()[0].strip(),
+        version=server.run(["ceph-mon", "--version"]).stdout.splitlines()[0].strip(),
         nodes=tuple(node.name for node in clients),
         server=server.name,
         fstype=_fstype(clients[0], mountpoint) if clients else "",
@@ -218,40 +262,51 @@ ceph-mds -c {conf} -i {server.name}
 
 
 # --- stopping -----------------------------------------------------------------------------
-def _signal(node: Node, pid_file: str, signal: str = "TERM") -> str:
-    """Signal the daemon of ``pid_file`` from inside ``node``; returns its pid ("" if none)."""
-    done = node.run(
-        ["sh", "-c", 'pid=$(cat "$1" 2>/dev/null) || exit 0; kill -s "$2" "$pid" 2>/dev/null; echo "$pid"',
-         "-", pid_file, signal],
-        check=False,
-    )  # fmt: skip
-    return done.stdout.strip()
+# Signals the daemon of every pid file given, from inside the node (its pids are the node's),
+# waits for them all, and kills what is still there after the grace period.
+_END = r"""
+signal=$1 grace=$2; shift 2
+pids=
+for file in "$@"; do
+    pid=$(cat "$file" 2>/dev/null) || continue
+    kill -s "$signal" "$pid" 2>/dev/null && pids="$pids $pid"
+done
+end=$(($(date +%s) + grace))
+for pid in $pids; do
+    while kill -0 "$pid" 2>/dev/null; do
+        if [ "$(date +%s)" -ge "$end" ]; then kill -9 "$pid" 2>/dev/null; fi
+        sleep 0.05
+    done
+done
+"""
 
 
-def _gone(node: Node, pid: str) -> bool:
-    return not pid or node.run(["kill", "-0", pid], check=False).returncode != 0
+_UNSTUB = (
+    "for gsyncd in /usr/lib/*/glusterfs/gsyncd /usr/libexec/glusterfs/gsyncd; do "
+    'umount "$gsyncd" 2>/dev/null || :; done'
+)
 
 
-def _end(node: Node, pid_file: str) -> None:
-    pid = _signal(node, pid_file)
-    deadline = time.monotonic() + STOP_TIMEOUT
-    while not _gone(node, pid):
-        if time.monotonic() > deadline:
-            _signal(node, pid_file, "KILL")
-            break
-        time.sleep(_POLL)
+def _end(node: Node, pid_files: Sequence[str], signal: str = "TERM") -> None:
+    if node.alive() and pid_files:
+        node.run(["sh", "-c", _END, "-", signal, str(int(STOP_GRACE)), *pid_files], timeout=STOP_TIMEOUT)
 
 
 def stop(cluster: Cluster, sharedfs: SharedFS) -> None:
-    """Unmount on every client, end the client daemons, then the servers, each by its pid."""
+    """Unmount on every client and end its FUSE daemon, then end the servers, each by its pid."""
     for name, pid_file in sharedfs.clients:
         node = cluster.node(name)
-        if not node.alive():
-            continue
-        # Lazy: a test that failed may have left a process with its working directory there.
-        node.run(["umount", "-l", sharedfs.mountpoint], check=False)
-        _end(node, pid_file)
-    for name, pid_file in sharedfs.servers:
-        node = cluster.node(name)
         if node.alive():
-            _end(node, pid_file)
+            # Lazy: a failed test may have left a process with its working directory there.
+            node.run(["umount", "-l", sharedfs.mountpoint], check=False)
+            _end(node, [pid_file])
+    by_node: dict = {}
+    for name, pid_file in sharedfs.servers:
+        by_node.setdefault(name, []).append(pid_file)
+    for name, pid_files in by_node.items():
+        node = cluster.node(name)
+        # Ceph's daemons keep nothing worth a clean shutdown (the OSD's store is memory) and
+        # its mon takes 4 s to act on SIGTERM: they are killed.
+        _end(node, pid_files, "KILL" if sharedfs.kind == "cephfs" else "TERM")
+        if sharedfs.kind == "glusterfs" and node.alive():
+            node.sh(_UNSTUB)

@@ -29,10 +29,19 @@ declare -A why=(
   [python3-venv]="python3-venv creates .venv"
   [openssh-server]="sshd on every node of the namespace cluster: Ansible reaches the nodes over SSH"
   [openssh-client]="ssh, the connection Ansible uses to the namespace cluster's nodes"
+  [glusterfs-server]="glusterd and the brick of the GlusterFS the cluster's build nodes share"
+  [glusterfs-client]="the GlusterFS FUSE client each cluster node mounts the shared volume with"
+  [ceph-mon]="the monitor of the CephFS the cluster's build nodes share"
+  [ceph-osd]="the memstore OSD that holds that CephFS's data"
+  [ceph-mds]="the metadata server of that CephFS, which also keeps its locks"
+  [ceph-common]="the ceph command that creates that CephFS's pools and filesystem"
+  [ceph-fuse]="the CephFS FUSE client each cluster node mounts it with"
 )
 case $profile in
   demo) wanted=(lmod bubblewrap munge slurmctld slurmd slurm-client) ;;
-  test) wanted=(lmod bubblewrap munge slurmctld slurmd slurm-client acl bindfs shellcheck openssh-server openssh-client) ;;
+  test)
+    wanted=(lmod bubblewrap munge slurmctld slurmd slurm-client acl bindfs shellcheck openssh-server openssh-client
+      glusterfs-server glusterfs-client ceph-mon ceph-osd ceph-mds ceph-common ceph-fuse) ;;
   *) die "unknown profile '$profile' (expected demo or test)" ;;
 esac
 

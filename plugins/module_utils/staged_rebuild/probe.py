@@ -23,9 +23,24 @@ from ..common.deadline import Deadline, DeadlineExceeded
 from ..common.errors import setting
 from . import backends, easybuild, fsutil, mountinfo
 
-# Filesystems that several nodes mount at once: there, whether the lock excludes other nodes
-# is a measurement, not a property this host can see.
-SHARED_FILESYSTEMS = ("nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb3", "ceph", "fuse.glusterfs")
+# Filesystems that several nodes mount at once, by the type /proc/self/mountinfo gives: there,
+# whether the lock excludes other nodes is a measurement, not a property this host can see.
+# Each maps to what the integration tests measured with the lock probe from two nodes
+# (tests/integration/test_cluster_sharedfs.py), or to None where nothing was measured.
+# "flock": whether a flock reaches the other nodes, so that a publisher taking only the flock
+# (0.2.0) is excluded too; the full protocol was coherent wherever "coherent" is set.
+SHARED_FILESYSTEMS = {
+    "nfs": None,
+    "nfs4": None,
+    "lustre": None,
+    "gpfs": None,
+    "beegfs": None,
+    "cifs": None,
+    "smb3": None,
+    "ceph": None,  # the kernel client
+    "fuse.ceph-fuse": {"measured": "CephFS 16.2.15 (ceph-fuse)", "coherent": True, "flock": True},
+    "fuse.glusterfs": {"measured": "GlusterFS 10.3", "coherent": True, "flock": True},
+}
 # The first release the design accepts for the pipeline.
 EASYBUILD_VALIDATED = (5, 4, 2)
 EB_VERSION_PATTERN = re.compile(r"This is EasyBuild (\d+)\.(\d+)\.(\d+)")
@@ -109,11 +124,7 @@ def recommendations(report):
             "in a frozen release window"
         )
     if report["filesystem"] in SHARED_FILESYSTEMS:
-        lines.append(
-            f"cross-node lock: {report['filesystem']} is shared; contend for the state-root lock from two "
-            "build nodes, and if both acquire it, use a scheduler singleton or another measured "
-            "distributed lock before deployment"
-        )
+        lines.append(_cross_node_lock(report["filesystem"], SHARED_FILESYSTEMS[report["filesystem"]]))
     version = report["easybuild_version"]
     if version is None or tuple(int(part) for part in version.split(".")) < EASYBUILD_VALIDATED:
         validated = ".".join(map(str, EASYBUILD_VALIDATED))
@@ -122,6 +133,31 @@ def recommendations(report):
             "validated by the integration test"
         )
     return lines
+
+
+def _cross_node_lock(filesystem, measured):
+    """The cross-node lock's line for a shared ``filesystem``: what was measured, if anything."""
+    if measured is None:
+        return (
+            f"cross-node lock: {filesystem} is shared; contend for the state-root lock from two build nodes, "
+            "and if both acquire it, use a scheduler singleton or another measured distributed lock before "
+            "deployment"
+        )
+    if not measured["coherent"]:
+        return (
+            f"cross-node lock: {filesystem} is shared and the lock was measured NOT coherent across nodes "
+            f"on {measured['measured']}; use a scheduler singleton or another measured distributed lock"
+        )
+    flock = (
+        "flock reaches the other nodes too, so a publisher taking only the flock (0.2.0) is excluded as well"
+        if measured["flock"]
+        else "flock stays on each node, so drain publishers taking only the flock (0.2.0) first"
+    )
+    return (
+        f"cross-node lock: {filesystem} is shared; the lock was measured coherent across nodes on "
+        f"{measured['measured']} ({flock}); confirm it on this site's version by contending for the "
+        "state-root lock from two build nodes before deployment"
+    )
 
 
 def probe(path, eb):

@@ -117,13 +117,63 @@ def test_user_namespaces_limited_to_zero_get_the_recommendation_even_if_the_prob
     assert lines[0].startswith("user namespaces: not available (user.max_user_namespaces=0)")
 
 
-@pytest.mark.parametrize("filesystem", probe.SHARED_FILESYSTEMS)
-def test_every_shared_filesystem_gets_the_cross_node_lock_recommendation(filesystem):
+UNMEASURED = [name for name, measured in probe.SHARED_FILESYSTEMS.items() if measured is None]
+
+
+@pytest.mark.parametrize("filesystem", UNMEASURED)
+def test_every_unmeasured_shared_filesystem_gets_the_cross_node_lock_recommendation(filesystem):
     assert probe.recommendations(_report(filesystem=filesystem)) == [
         f"cross-node lock: {filesystem} is shared; contend for the state-root lock from two build nodes, "
         "and if both acquire it, use a scheduler singleton or another measured distributed lock before "
         "deployment"
     ]
+
+
+@pytest.mark.parametrize(
+    ("filesystem", "measured"),
+    [("fuse.glusterfs", "GlusterFS 10.3"), ("fuse.ceph-fuse", "CephFS 16.2.15 (ceph-fuse)")],
+)
+def test_a_measured_shared_filesystem_gets_what_was_measured(filesystem, measured):
+    # What tests/integration/test_cluster_sharedfs.py measured from two nodes: both the full
+    # protocol and a flock-only contender are excluded across nodes.
+    assert probe.recommendations(_report(filesystem=filesystem)) == [
+        f"cross-node lock: {filesystem} is shared; the lock was measured coherent across nodes on "
+        f"{measured} (flock reaches the other nodes too, so a publisher taking only the flock (0.2.0) is "
+        "excluded as well); confirm it on this site's version by contending for the state-root lock from "
+        "two build nodes before deployment"
+    ]
+
+
+def test_the_kernel_cephfs_client_is_shared_but_not_measured():
+    # ceph-fuse and the kernel client keep locks in different code: one measurement is not the other's.
+    assert probe.SHARED_FILESYSTEMS["ceph"] is None
+    assert probe.SHARED_FILESYSTEMS["fuse.ceph-fuse"] is not None
+
+
+def test_every_measurement_names_what_was_measured_and_both_lock_answers():
+    measured = {name: facts for name, facts in probe.SHARED_FILESYSTEMS.items() if facts is not None}
+    assert sorted(measured) == ["fuse.ceph-fuse", "fuse.glusterfs"]
+    for facts in measured.values():
+        assert set(facts) == {"measured", "coherent", "flock"}
+        assert isinstance(facts["coherent"], bool)
+        assert isinstance(facts["flock"], bool)
+
+
+def test_a_filesystem_measured_with_a_local_flock_says_to_drain_flock_only_publishers():
+    line = probe._cross_node_lock("fuse.x", {"measured": "X 1.0", "coherent": True, "flock": False})
+    assert line == (
+        "cross-node lock: fuse.x is shared; the lock was measured coherent across nodes on X 1.0 (flock "
+        "stays on each node, so drain publishers taking only the flock (0.2.0) first); confirm it on this "
+        "site's version by contending for the state-root lock from two build nodes before deployment"
+    )
+
+
+def test_a_filesystem_measured_not_coherent_says_so():
+    line = probe._cross_node_lock("fuse.x", {"measured": "X 1.0", "coherent": False, "flock": False})
+    assert line == (
+        "cross-node lock: fuse.x is shared and the lock was measured NOT coherent across nodes on X 1.0; "
+        "use a scheduler singleton or another measured distributed lock"
+    )
 
 
 def test_several_findings_give_one_line_each_in_a_fixed_order():
