@@ -47,6 +47,8 @@ REPAIR_RUNS = 4
 MATCH_RUNS = 2
 # Set per job by Slurm or by the test, not by a login.
 OWN = {"TMPDIR", "HOME", "USER", "LOGNAME"}
+# Where a configless slurmd keeps the configuration it fetched.
+CONF_CACHE = "/var/spool/slurmd/conf-cache/slurm.conf"
 
 
 @pytest.fixture(scope="module")
@@ -183,9 +185,10 @@ def _assert_messages(out, ranks: dict, expected: dict, step: str) -> None:
     assert seen == expected, out.text
 
 
-def _assert_one_cache_file_per_node(work: Path, names: list, steps: int = 1) -> None:
+def _assert_one_cache_file_per_node(work: Path, names: list) -> None:
+    """The step's decision cached once per node (``.eessi-arch-guard.<uid>.<node>....``)."""
     cached = [path.name for path in (work / "tmp").iterdir() if not path.name.endswith(".lock")]
-    assert sorted(name.split(".")[3] for name in cached) == sorted(names * steps), cached
+    assert sorted(name.split(".")[3] for name in cached) == sorted(names), cached
 
 
 def test_srun_over_three_nodes_gives_every_task_its_own_node_s_environment_decided_once_per_node(
@@ -323,6 +326,9 @@ def test_configless_the_role_edits_only_the_controller_s_conf_and_removal_puts_i
         after = guard.slurm_confs(names)
         assert after == dict(before, ctl=before["ctl"] + f"TaskProlog={LAUNCHER}\n")
         assert installed.stdout.count("RUNNING HANDLER [hpcstack.ops.arch_guard : Reconfigure Slurm]") == 1
+        # Each slurmd runs what it fetched from the controller, not its own file.
+        for node in guard.compute:
+            assert f"TaskProlog={LAUNCHER}" in node.read(CONF_CACHE), node.name
         work = guard.workdir("configless")
         guard.clear_runlogs()
         out = guard.srun(

@@ -200,6 +200,9 @@ class ClusterGuard:
                 "ANSIBLE_COLLECTIONS_PATH": str(self.root / "collections"),
                 "ANSIBLE_HOME": str(home),
                 "ANSIBLE_LOCAL_TEMP": str(home / "tmp"),
+                # One connection per node for all the plays, which jobs run between (Ansible's
+                # default keeps it 60 s); no compression of what never leaves the machine.
+                "ANSIBLE_SSH_ARGS": "-o ControlMaster=auto -o ControlPersist=600s",
             }
         )
         target = name if name.endswith(".yml") else f"hpcstack.ops.{name}"
@@ -278,4 +281,16 @@ def guard_root(cluster: namespace_cluster.Cluster, lmod: stackenv.Lmod) -> Itera
     try:
         yield build_root(cluster, lmod, root)
     finally:
+        _close_connections(cluster, root / "ansible" / "cp")
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _close_connections(cluster: namespace_cluster.Cluster, control_dir: Path) -> None:
+    """Ask each SSH master Ansible left on the controller to exit (ControlPersist keeps them)."""
+    if not control_dir.is_dir():
+        return
+    for socket in control_dir.iterdir():
+        cluster.controller.run(
+            ["ssh", "-F", str(cluster.ssh_config), "-o", f"ControlPath={socket}", "-O", "exit", "any"],
+            check=False,
+        )
