@@ -9,7 +9,8 @@ filesystem over the cluster's network with the FUSE client of Debian's packages:
 kernels' worth of clients, each with its own cache and lock state, as build nodes have.
 
 - GlusterFS: glusterd and one brick (a directory in the server's copy-on-write ``/var``, so
-  ``volume create ... force``); clients run ``glusterfs`` (what ``mount -t glusterfs`` runs).
+  ``volume create ... force``, with ``performance.stat-prefetch off`` as the docs recommend for
+  a volume that receives publishes); clients run ``glusterfs`` (what ``mount -t glusterfs`` runs).
 - CephFS: one mon, one OSD on memstore (RAM only), one MDS, no manager and ``auth none``;
   clients run ``ceph-fuse``. The configuration lives in the cluster's directory, which every
   node sees; each daemon's data, log, admin socket and pid file are the node's own (``/var``
@@ -136,6 +137,10 @@ def start_glusterfs(cluster: Cluster, server: Node, clients: Sequence[Node]) -> 
     # force: the brick is on the node's root filesystem, which gluster otherwise refuses.
     server.sh(
         f"{gluster} volume create {GLUSTER_VOLUME} {server.name}:{GLUSTER_BRICK} force >/dev/null\n"
+        # As a site publishing software there should (docs/staged-rebuild.md): with md-cache on,
+        # a client answers a lookup of a name from the inode it last saw there, and a job that
+        # keeps using the live path keeps the old tree after another node's publish.
+        f"{gluster} volume set {GLUSTER_VOLUME} performance.stat-prefetch off >/dev/null\n"
         f"{gluster} volume start {GLUSTER_VOLUME} >/dev/null"
     )
     brick_pid = f"/run/gluster/vols/{GLUSTER_VOLUME}/{server.name}{GLUSTER_BRICK.replace('/', '-')}.pid"

@@ -37,41 +37,8 @@ HOLD = 0.05
 B2_HOLD = 0.03
 TIMEOUT = 120
 
-# The lock probe in a process of its own on a node: lockprobe.contend with the real StateLock
-# ("full"), with a lock that takes only the flock on .lock ("flock-only"), as the 0.2.0
-# publisher does, or with no lock at all ("none"). The meet, the marker and the clean-up are the
-# probe's own code.
-CONTEND = """
-import fcntl, json, os, sys, types
-sys.path.insert(0, sys.argv[1])
-from hpcstack_ops.staged_rebuild import locking, lockprobe
-
-class FlockOnly:
-    def __init__(self, state_root, timeout):
-        self.path = os.path.join(state_root, locking.LOCK_NAME)
-    def __enter__(self):
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-    def __exit__(self, *exc_info):
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        os.close(self.fd)
-
-class NoLock:
-    def __init__(self, state_root, timeout):
-        pass
-    def __enter__(self):
-        pass
-    def __exit__(self, *exc_info):
-        pass
-
-state_root, lock, host, probe_id = sys.argv[2:6]
-if lock != "full":
-    lockprobe.locking = types.SimpleNamespace(StateLock={"flock-only": FlockOnly, "none": NoLock}[lock])
-result = lockprobe.contend(
-    state_root, host, probe_id, 2, rounds=int(sys.argv[6]), hold_seconds=float(sys.argv[7]), wait_seconds=60
-)
-print(json.dumps(result))
-"""
+# One contender of the lock probe, its lock "full", "flock-only" or "none" (the script says why).
+CONTENDER = Path(__file__).resolve().parents[1] / "support" / "lock_contender.py"
 
 # Holds the real state-root lock until stdin closes.
 HOLD_LOCK = """
@@ -120,7 +87,7 @@ def _contend(cluster, package, state_root, b2_lock):
         args = [str(package), state_root, lock, host, probe_id, str(ROUNDS), str(hold)]
         started.append(
             cluster.node(host).popen(
-                [sys.executable, "-c", CONTEND, *args],
+                [sys.executable, str(CONTENDER), *args],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,

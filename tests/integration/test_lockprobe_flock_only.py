@@ -27,6 +27,7 @@ import contextlib
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import checkout
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import locking, lockprobe
@@ -42,31 +43,8 @@ HOLD = 0.05
 # and node1's check after its hold names it.
 NODE2_HOLD = 0.03
 
-# One contender of the probe in a process of its own: lockprobe.contend itself, with the
-# real StateLock ("full") or with a lock that takes only the flock on .lock ("flock-only"),
-# as the 0.2.0 publisher does. Everything else (the meet in ready/, the marker, done/ and
-# the clean-up) is the probe's own code, so the lock is the only difference.
-CONTEND = """
-import fcntl, json, os, sys, types
-sys.path.insert(0, sys.argv[1])
-from hpcstack_ops.staged_rebuild import locking
-from hpcstack_ops.staged_rebuild import lockprobe
-
-class FlockOnly:
-    def __init__(self, state_root, timeout):
-        self.path = os.path.join(state_root, locking.LOCK_NAME)
-    def __enter__(self):
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-    def __exit__(self, *exc_info):
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        os.close(self.fd)
-
-if sys.argv[3] == "flock-only":
-    lockprobe.locking = types.SimpleNamespace(StateLock=FlockOnly)
-state_root, host, rounds, hold = sys.argv[2], sys.argv[4], int(sys.argv[5]), float(sys.argv[6])
-print(json.dumps(lockprobe.contend(state_root, host, "p1", 2, rounds=rounds, hold_seconds=hold)))
-"""
+# One contender of the lock probe, its lock "full", "flock-only" or "none" (the script says why).
+CONTENDER = Path(__file__).resolve().parents[1] / "support" / "lock_contender.py"
 
 # Holds one kind of lock on a file until its stdin closes.
 HOLD_LOCK = """
@@ -142,9 +120,9 @@ def _node(backing, where):
 
 def _start(package, state_root, lock, host):
     """node2: the probe with ``lock`` ("full" or "flock-only") in a process of its own."""
-    args = [str(package), str(state_root), lock, host, str(ROUNDS), str(NODE2_HOLD)]
+    args = [str(package), str(state_root), lock, host, "p1", str(ROUNDS), str(NODE2_HOLD)]
     return subprocess.Popen(
-        [sys.executable, "-c", CONTEND, *args],
+        [sys.executable, str(CONTENDER), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

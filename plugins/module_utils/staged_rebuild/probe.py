@@ -29,6 +29,7 @@ from . import backends, easybuild, fsutil, mountinfo
 # (tests/integration/test_cluster_sharedfs.py), or to None where nothing was measured.
 # "flock": whether a flock reaches the other nodes, so that a publisher taking only the flock
 # (0.2.0) is excluded too; the full protocol was coherent wherever "coherent" is set.
+# "renames" (where set): what the filesystem needs so that other nodes see a publish's renames.
 SHARED_FILESYSTEMS = {
     "nfs": None,
     "nfs4": None,
@@ -39,7 +40,14 @@ SHARED_FILESYSTEMS = {
     "smb3": None,
     "ceph": None,  # the kernel client
     "fuse.ceph-fuse": {"measured": "CephFS 16.2.15 (ceph-fuse)", "coherent": True, "flock": True},
-    "fuse.glusterfs": {"measured": "GlusterFS 10.3", "coherent": True, "flock": True},
+    "fuse.glusterfs": {
+        "measured": "GlusterFS 10.3",
+        "coherent": True,
+        "flock": True,
+        # A job on another client that keeps using the live path kept the old tree (seen for
+        # minutes): md-cache answers its lookup of the name from the inode it last saw there.
+        "renames": "set performance.stat-prefetch off (or performance.md-cache-timeout 0) on the volume",
+    },
 }
 # The first release the design accepts for the pipeline.
 EASYBUILD_VALIDATED = (5, 4, 2)
@@ -123,8 +131,14 @@ def recommendations(report):
             "a filesystem where the exchange works for prefixes where that is unacceptable, else publish "
             "in a frozen release window"
         )
-    if report["filesystem"] in SHARED_FILESYSTEMS:
-        lines.append(_cross_node_lock(report["filesystem"], SHARED_FILESYSTEMS[report["filesystem"]]))
+    measured = SHARED_FILESYSTEMS.get(report["filesystem"], False)
+    if measured is not False:
+        lines.append(_cross_node_lock(report["filesystem"], measured))
+    if measured and measured.get("renames"):
+        lines.append(
+            f"renames: on {measured['measured']} a job on another node that keeps using the live path "
+            f"kept the old tree after a publish; {measured['renames']}"
+        )
     version = report["easybuild_version"]
     if version is None or tuple(int(part) for part in version.split(".")) < EASYBUILD_VALIDATED:
         validated = ".".join(map(str, EASYBUILD_VALIDATED))

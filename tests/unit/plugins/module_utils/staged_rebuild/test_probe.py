@@ -136,12 +136,26 @@ def test_every_unmeasured_shared_filesystem_gets_the_cross_node_lock_recommendat
 def test_a_measured_shared_filesystem_gets_what_was_measured(filesystem, measured):
     # What tests/integration/test_cluster_sharedfs.py measured from two nodes: both the full
     # protocol and a flock-only contender are excluded across nodes.
-    assert probe.recommendations(_report(filesystem=filesystem)) == [
+    assert probe.recommendations(_report(filesystem=filesystem))[0] == (
         f"cross-node lock: {filesystem} is shared; the lock was measured coherent across nodes on "
         f"{measured} (flock reaches the other nodes too, so a publisher taking only the flock (0.2.0) is "
         "excluded as well); confirm it on this site's version by contending for the state-root lock from "
         "two build nodes before deployment"
+    )
+
+
+def test_glusterfs_gets_the_volume_setting_other_nodes_need_to_see_a_publish():
+    # What tests/integration/test_cluster_rebuild.py needs of the test cluster's volume: without
+    # it a job on another client that keeps using the live path kept the old tree.
+    assert probe.recommendations(_report(filesystem="fuse.glusterfs"))[1:] == [
+        "renames: on GlusterFS 10.3 a job on another node that keeps using the live path kept the old "
+        "tree after a publish; set performance.stat-prefetch off (or performance.md-cache-timeout 0) on "
+        "the volume"
     ]
+
+
+def test_cephfs_needs_no_setting_for_its_renames():
+    assert len(probe.recommendations(_report(filesystem="fuse.ceph-fuse"))) == 1
 
 
 def test_the_kernel_cephfs_client_is_shared_but_not_measured():
@@ -154,7 +168,7 @@ def test_every_measurement_names_what_was_measured_and_both_lock_answers():
     measured = {name: facts for name, facts in probe.SHARED_FILESYSTEMS.items() if facts is not None}
     assert sorted(measured) == ["fuse.ceph-fuse", "fuse.glusterfs"]
     for facts in measured.values():
-        assert set(facts) == {"measured", "coherent", "flock"}
+        assert set(facts) - {"renames"} == {"measured", "coherent", "flock"}
         assert isinstance(facts["coherent"], bool)
         assert isinstance(facts["flock"], bool)
 
