@@ -34,7 +34,13 @@ import slurmjobs
 import stackenv
 from localplay import Play
 from tests.integration.harness.cluster import ansible_env
-from tests.integration.harness.guard_slurm import TASK_SCRIPT, job_output, readable_by_all, write_env_file
+from tests.integration.harness.guard_slurm import (
+    TASK_SCRIPT,
+    job_output,
+    job_workdir,
+    readable_by_all,
+    write_env_file,
+)
 
 VERSION = "2023.06"
 # The later version, built without the last compute node's target.
@@ -114,13 +120,7 @@ class ClusterGuard:
 
     # --- jobs -----------------------------------------------------------------------------
     def workdir(self, name: str) -> Path:
-        path = Path(tempfile.mkdtemp(prefix=f"{name}.", dir=self.root))
-        (path / "tmp").mkdir()
-        task = path / "task.sh"
-        task.write_text(CLUSTER_TASK_SCRIPT)
-        task.chmod(0o755)
-        readable_by_all(path)
-        return path
+        return job_workdir(self.root, name, CLUSTER_TASK_SCRIPT)
 
     def task_argv(self, work: Path) -> str:
         return f"{shlex.quote(str(work / 'task.sh'))} {shlex.quote(str(work))}"

@@ -77,6 +77,21 @@ def readable_by_all(root: Path) -> None:
 
 
 @dataclass
+def job_workdir(root: Path, name: str, task_script: str, owner: tuple[int, int] | None = None) -> Path:
+    """A fresh directory under ``root`` for one job: ``task.sh`` (``task_script``), the dumps,
+    the job's TMPDIR; readable by all, and owned by ``owner`` if given."""
+    path = Path(tempfile.mkdtemp(prefix=f"{name}.", dir=root))
+    (path / "tmp").mkdir()
+    task = path / "task.sh"
+    task.write_text(task_script)
+    task.chmod(0o755)
+    readable_by_all(path)
+    if owner is not None:
+        for item in (path, path / "tmp", task):
+            os.chown(item, *owner)
+    return path
+
+
 class JobOutput:
     """``tasks``: (step, rank) -> {item: value}; ``messages``: (section, rank label, text)."""
 
@@ -166,16 +181,7 @@ class SlurmGuard:
 
     def workdir(self, name: str, owner: tuple[int, int] | None = None) -> Path:
         """A fresh directory for one job: ``task.sh``, the dumps, the job's TMPDIR."""
-        path = Path(tempfile.mkdtemp(prefix=f"{name}.", dir=self.root))
-        (path / "tmp").mkdir()
-        task = path / "task.sh"
-        task.write_text(TASK_SCRIPT)
-        task.chmod(0o755)
-        readable_by_all(path)
-        if owner is not None:
-            for item in (path, path / "tmp", task):
-                os.chown(item, *owner)
-        return path
+        return job_workdir(self.root, name, TASK_SCRIPT, owner)
 
     def batch_script(self, work: Path, relogin: Path | None = None) -> Path:
         """The batch script: the batch task's report, then two ``srun -n4`` steps.
