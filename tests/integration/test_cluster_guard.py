@@ -166,7 +166,7 @@ def _assert_tasks_see_their_node(out, views: dict, step: str, markers: dict, per
     """Every task of ``step`` sees what a fresh login on its node sees, ``markers[node]`` its
     marker; ``per_node`` tasks on each node. Returns rank -> node."""
     ranks = {rank: view["node"] for (section, rank), view in out.tasks.items() if section == step}
-    assert sorted(ranks.values()) == sorted(name for name in views for _ in range(per_node)), out.text
+    assert sorted(ranks.values()) == sorted(name for name in views for _task in range(per_node)), out.text
     for (section, rank), view in out.tasks.items():
         if section == step:
             node = view["node"]

@@ -32,7 +32,7 @@ def test_every_node_is_its_own_host_over_ssh(cluster):
     )  # fmt: skip
     facts = {}
     for line in done.stdout.splitlines():
-        host, _, rest = line.partition(" | SUCCESS => ")
+        host, _sep, rest = line.partition(" | SUCCESS => ")
         facts[host] = json.loads(rest)["ansible_facts"]
     assert sorted(facts) == sorted(node.name for node in cluster.nodes)
     for node in cluster.nodes:
