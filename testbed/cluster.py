@@ -419,9 +419,28 @@ def _hosts(cluster: Cluster) -> str:
     return "\n".join(lines) + "\n"
 
 
+# Run first in a new node: detach the copies of other processes' FUSE mounts and of whatever
+# is mounted below /tmp (tests' scratch) that the node's mount namespace got from the machine's.
+# They are no part of a host, and a copy would keep another test's FUSE daemon alive after that
+# test unmounted it, and the node's tools would walk it (Ansible's mount facts, for one).
+DETACH_FOREIGN_MOUNTS = """
+import subprocess
+points = []
+for line in open("/proc/self/mountinfo"):
+    fields = line.split()
+    point = fields[4].replace("\\040", " ")
+    kind = fields[fields.index("-") + 1]
+    if kind.startswith("fuse") or point.startswith("/tmp/"):
+        points.append(point)
+for point in sorted(set(points), key=len, reverse=True):
+    subprocess.run(["umount", "-l", point], stderr=subprocess.DEVNULL, check=False)
+"""
+
+
 def _prepare(cluster: Cluster, node: Node) -> None:
     """The node's own tree: overlays, /run, hostname, hosts, CPU, GPU, sshd's configuration."""
     here = node_dir(cluster.root, node)
+    node.run([sys.executable, "-c", DETACH_FOREIGN_MOUNTS])
     script = [f"hostname {node.name}"]
     for directory in COW_DIRS:
         upper, work = here / "upper" / directory.strip("/"), here / "work" / directory.strip("/")

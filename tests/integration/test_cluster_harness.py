@@ -130,3 +130,33 @@ def test_a_recycled_pid_is_never_signalled(tmp_path):
     finally:
         bystander.send_signal(signal.SIGKILL)
         bystander.wait()
+
+
+def test_a_node_keeps_no_copy_of_another_process_s_fuse_mount(tmp_path):
+    backing, mountpoint = tmp_path / "backing", tmp_path / "fuse"
+    backing.mkdir()
+    mountpoint.mkdir()
+    bindfs = subprocess.run(
+        ["bindfs", str(backing), str(mountpoint)], capture_output=True, text=True, check=False
+    )
+    assert bindfs.returncode == 0, bindfs.stderr
+    try:
+        started = namespace_cluster.up(namespace_cluster.default_specs(), Path(f"/tmp/hc-f-{os.getpid()}"))
+        try:
+            mounts = started.node("login").read("/proc/self/mountinfo")
+            assert str(mountpoint) not in mounts
+        finally:
+            started.down()
+            namespace_cluster.remove_root(started)
+    finally:
+        subprocess.run(["fusermount", "-u", str(mountpoint)], check=False)
+    # Its daemon ends with its own unmount: no node holds the filesystem open.
+    deadline = time.monotonic() + 10
+    while _bindfs_serves(mountpoint) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _bindfs_serves(mountpoint)
+
+
+def _bindfs_serves(mountpoint: Path) -> bool:
+    found = subprocess.run(["pgrep", "-f", f"bindfs .* {mountpoint}$"], capture_output=True, check=False)
+    return found.returncode == 0

@@ -76,7 +76,6 @@ def readable_by_all(root: Path) -> None:
         path.chmod((mode & 0o700) | (0o055 if path.is_dir() or mode & 0o100 else 0o044))
 
 
-@dataclass
 def job_workdir(root: Path, name: str, task_script: str, owner: tuple[int, int] | None = None) -> Path:
     """A fresh directory under ``root`` for one job: ``task.sh`` (``task_script``), the dumps,
     the job's TMPDIR; readable by all, and owned by ``owner`` if given."""
@@ -92,6 +91,7 @@ def job_workdir(root: Path, name: str, task_script: str, owner: tuple[int, int] 
     return path
 
 
+@dataclass
 class JobOutput:
     """``tasks``: (step, rank) -> {item: value}; ``messages``: (section, rank label, text)."""
 
