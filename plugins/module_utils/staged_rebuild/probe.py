@@ -131,14 +131,15 @@ def recommendations(report):
             "a filesystem where the exchange works for prefixes where that is unacceptable, else publish "
             "in a frozen release window"
         )
-    measured = SHARED_FILESYSTEMS.get(report["filesystem"], False)
-    if measured is not False:
+    if report["filesystem"] in SHARED_FILESYSTEMS:
+        measured = SHARED_FILESYSTEMS[report["filesystem"]]
         lines.append(_cross_node_lock(report["filesystem"], measured))
-    if measured and measured.get("renames"):
-        lines.append(
-            f"renames: on {measured['measured']} a job on another node that keeps using the live path "
-            f"kept the old tree after a publish; {measured['renames']}"
-        )
+        renames = measured.get("renames") if measured else None
+        if measured and renames:
+            lines.append(
+                f"renames: on {measured['measured']} a job on another node that keeps using the live path "
+                f"kept the old tree after a publish; {renames}"
+            )
     version = report["easybuild_version"]
     if version is None or tuple(int(part) for part in version.split(".")) < EASYBUILD_VALIDATED:
         validated = ".".join(map(str, EASYBUILD_VALIDATED))
