@@ -169,46 +169,86 @@ def test_a_report_file_replaced_by_a_fifo_or_a_symlink_is_refused_within_the_dea
     }
 
 
-# The attacker of issue 18, defect 1, as another unprivileged user: it polls the directories
-# (os.listdir, the stdlib has no inotify) for the helper's work directories, renames each one
-# away and plants its own in its place with a forged report; it leaves alone directories of
-# its own uid. Writes "<dir> <seen> <moved> <denied>" per directory when SIGTERM stops it.
+# The attacker of issue 18, defect 1, as another unprivileged user: it watches the directories
+# with inotify (through ctypes: the stdlib has no binding) for the helper's work directories,
+# renames each one away as it appears and plants its own in its place with a forged report;
+# it leaves alone directories of its own uid. inotify wakes it within microseconds of the
+# mkdir, sooner than a poller would, and costs nothing between events; a full listing of the
+# directories, after each quiet fifth of a second and after a queue overflow, catches anything
+# an event missed. Writes "<dir> <seen> <moved> <denied>" per directory when SIGTERM stops it.
 ATTACKER = r"""
-import os, signal, sys, time
+import ctypes, os, select, signal, struct, sys
 *watched, forged, out = sys.argv[1:]
+IN_MOVED_TO, IN_CREATE, IN_Q_OVERFLOW, IN_ISDIR = 0x80, 0x100, 0x4000, 0x40000000
+EVENT = struct.Struct("iIII")
+libc = ctypes.CDLL(None, use_errno=True)
+inotify = libc.inotify_init1(os.O_CLOEXEC)
+if inotify < 0:
+    raise OSError(ctypes.get_errno(), "inotify_init1")
+directory_of = {}
+for d in watched:
+    wd = libc.inotify_add_watch(inotify, os.fsencode(d), IN_CREATE | IN_MOVED_TO)
+    if wd < 0:
+        raise OSError(ctypes.get_errno(), "inotify_add_watch", d)
+    directory_of[wd] = d
 counts = {d: [0, 0, 0] for d in watched}
 done = set()
 stop = []
 signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
 parent = os.getppid()
-open(out + ".ready", "w").close()
-while not stop and os.getppid() == parent:  # an orphan (its test killed) stops too
+
+
+def attack(d, name):
+    if not name.startswith(".eessi-arch-guard-restore.") or (d, name) in done:
+        return
+    try:
+        # Another user's directories only: the attacker's own are not an attack (and may be
+        # those of a guard running as this user elsewhere on the machine).
+        if os.lstat(os.path.join(d, name)).st_uid == os.getuid():
+            return
+    except OSError:
+        return
+    done.add((d, name))
+    counts[d][0] += 1
+    try:
+        os.rename(os.path.join(d, name), os.path.join(d, "moved-by-attacker-" + name))
+        os.mkdir(os.path.join(d, name), 0o777)
+        for report in ("before.env", "after.env", "complete"):
+            os.symlink(forged, os.path.join(d, name, report))
+        counts[d][1] += 1
+    except OSError:
+        counts[d][2] += 1
+
+
+def sweep():
     for d in watched:
         try:
             names = os.listdir(d)
         except OSError:
             continue
         for name in names:
-            if not name.startswith(".eessi-arch-guard-restore.") or (d, name) in done:
-                continue
-            try:
-                # Another user's directories only: the attacker's own are not an attack (and
-                # may be those of a guard running as this user elsewhere on the machine).
-                if os.lstat(os.path.join(d, name)).st_uid == os.getuid():
-                    continue
-            except OSError:
-                continue
-            done.add((d, name))
-            counts[d][0] += 1
-            try:
-                os.rename(os.path.join(d, name), os.path.join(d, "moved-by-attacker-" + name))
-                os.mkdir(os.path.join(d, name), 0o777)
-                for report in ("before.env", "after.env", "complete"):
-                    os.symlink(forged, os.path.join(d, name, report))
-                counts[d][1] += 1
-            except OSError:
-                counts[d][2] += 1
-    time.sleep(0.0002)
+            attack(d, name)
+
+
+open(out + ".ready", "w").close()
+while not stop and os.getppid() == parent:  # an orphan (its test killed) stops too
+    try:
+        ready, _, _ = select.select([inotify], [], [], 0.2)
+    except InterruptedError:
+        continue
+    if not ready:
+        sweep()
+        continue
+    events = os.read(inotify, 1 << 16)
+    offset = 0
+    while offset < len(events):
+        wd, mask, _cookie, length = EVENT.unpack_from(events, offset)
+        name = events[offset + EVENT.size : offset + EVENT.size + length].rstrip(b"\0")
+        offset += EVENT.size + length
+        if mask & IN_Q_OVERFLOW:
+            sweep()
+        elif mask & IN_ISDIR and wd in directory_of:
+            attack(directory_of[wd], os.fsdecode(name))
 with open(out, "w") as handle:
     for d, (seen, moved, denied) in counts.items():
         handle.write(f"{d} {seen} {moved} {denied}\n")

@@ -132,10 +132,10 @@ def test_a_recycled_pid_is_never_signalled(tmp_path):
         bystander.wait()
 
 
-def test_a_node_keeps_no_copy_of_another_process_s_fuse_mount(tmp_path):
-    backing, mountpoint = tmp_path / "backing", tmp_path / "fuse"
-    backing.mkdir()
-    mountpoint.mkdir()
+def test_a_node_keeps_no_copy_of_another_process_s_fuse_mount_nor_sees_later_ones(tmp_path):
+    backing, mountpoint, later = tmp_path / "backing", tmp_path / "fuse", tmp_path / "later"
+    for directory in (backing, mountpoint, later):
+        directory.mkdir()
     bindfs = subprocess.run(
         ["bindfs", str(backing), str(mountpoint)], capture_output=True, text=True, check=False
     )
@@ -143,8 +143,14 @@ def test_a_node_keeps_no_copy_of_another_process_s_fuse_mount(tmp_path):
     try:
         started = namespace_cluster.up(namespace_cluster.default_specs(), Path(f"/tmp/hc-f-{os.getpid()}"))
         try:
-            mounts = started.node("login").read("/proc/self/mountinfo")
+            subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(later)], check=True)
+            try:
+                mounts = started.node("login").read("/proc/self/mountinfo")
+            finally:
+                subprocess.run(["umount", str(later)], check=True)
             assert str(mountpoint) not in mounts
+            # A mount made on the machine once the node is up does not propagate into it.
+            assert str(later) not in mounts
         finally:
             started.down()
             namespace_cluster.remove_root(started)
