@@ -18,8 +18,10 @@ Layout written by ``build_prefix(root)`` (version 2023.06)::
     <root>/node-bin/nvidia-smi                      fake nvidia-smi, on every node's PATH
     <root>/node-cpuinfo/*.cpuinfo                   copies of our cpuinfo fixtures
     <root>/init/modules/EESSI/2023.06.lua           the EESSI module (module_dir = <root>/init/modules)
+    <root>/init/lmod/bash                           EESSI as Lmod's default module (init_lmod_bash.sh)
     <root>/versions/2023.06/                        EESSI_PREFIX
         init/eessi_archdetect.sh, init/arch_specs/{x86_64,aarch64}
+        init/bash                                   EESSI without its module (init_bash.sh)
         init/lmod_eessi_archdetect_wrapper.sh, init/lmod_eessi_archdetect_wrapper_accel.sh
         compat/linux/<machine>/{bin,usr/bin}        EPREFIX (empty)
         software/linux/<target>/software/<Name>/<ver>/bin/<cmd>
@@ -53,6 +55,8 @@ MODULE_FILE = HERE / "EESSI.lua"
 SITE_PACKAGE = HERE / "SitePackage.lua"
 CUDA_DRIVER_SCRIPT = HERE / "get_cuda_driver_version.sh"
 FAKE_NVIDIA_SMI = HERE / "nvidia-smi"
+INIT_BASH = HERE / "init_bash.sh"
+INIT_LMOD_BASH = HERE / "init_lmod_bash.sh"
 _INIT_SCRIPTS = (
     "eessi_archdetect.sh",
     "lmod_eessi_archdetect_wrapper.sh",
@@ -165,6 +169,16 @@ class EessiPrefix:
         return f"EESSI/{self.version}"
 
     @property
+    def init_bash(self) -> Path:
+        """EESSI's start without its module: ``source <EESSI_PREFIX>/init/bash``."""
+        return self.prefix / "init" / "bash"
+
+    @property
+    def init_lmod_bash(self) -> Path:
+        """EESSI's start as Lmod's default module: ``source <root>/init/lmod/bash``."""
+        return self.root / "init" / "lmod" / "bash"
+
+    @property
     def login_path(self) -> str:
         """``PATH`` of every node's login shell: the fake ``nvidia-smi`` and the system dirs."""
         return f"{self.gpu_bin}:/usr/local/bin:/usr/bin:/bin"
@@ -247,7 +261,11 @@ def _install_init(prefix: Path, root: Path, version: str) -> None:
         _write(init / name, (HERE / name).read_text(), 0o755 if name == "eessi_archdetect.sh" else 0o644)
     for machine in MACHINES:
         _write(init / "arch_specs" / machine, (HERE / "arch_specs" / machine).read_text())
+    _write(init / "bash", INIT_BASH.read_text())
     _write(root / "init" / "modules" / "EESSI" / f"{version}.lua", MODULE_FILE.read_text())
+    lmod_init = root / "init" / "lmod" / "bash"
+    if not lmod_init.exists():  # the first version built under a root is its default
+        _write(lmod_init, INIT_LMOD_BASH.read_text().replace("@EESSI_VERSION_DEFAULT@", version))
     _write(root / "node-bin" / "nvidia-smi", FAKE_NVIDIA_SMI.read_text(), 0o755)
     _write(
         prefix / "scripts" / "gpu_support" / "nvidia" / CUDA_DRIVER_SCRIPT.name,

@@ -101,6 +101,15 @@ if accel ~= "" then
     end
 end
 
+-- As EESSI's module: a site may put it in an Lmod family or make it sticky.
+local family_name = os.getenv("EESSI_MODULE_FAMILY_NAME")
+if family_name then
+    family(family_name)
+end
+if os.getenv("EESSI_MODULE_STICKY") then
+    add_property("lmod", "sticky")
+end
+
 if mode() == "load" then
     LmodMessage("Module for EESSI/" .. version .. " (EESSI-like) loaded: " .. subdir
                 .. (accel ~= "" and (" " .. accel) or ""))

@@ -203,11 +203,15 @@ def _counting_lmod(tmp_path, job: dict) -> Path:
     return log
 
 
-def test_the_reload_unloads_in_one_lmod_call_and_loads_up_to_eessi_in_one_and_the_rest_in_one(
-    guard_site, tmp_path
-):
-    # Each Lmod call pays Lmod's start; the modules after EESSI's get a call of their own, which
-    # starts with the LMOD_PACKAGE_PATH (the SitePackage) EESSI's module set.
+def _unloads(modules) -> str:
+    """Lmod's ``load -<name>`` for each module, last first: the unloads of a load call."""
+    return " ".join(f"-{module}" for module in reversed(modules))
+
+
+def test_the_reload_unloads_and_loads_up_to_eessi_in_one_lmod_call_and_the_rest_in_one(guard_site, tmp_path):
+    # Each Lmod call pays Lmod's start: the unloads ride on the first load call. The modules
+    # after EESSI's get a call of their own, which starts with the LMOD_PACKAGE_PATH (the
+    # SitePackage) EESSI's module set.
     job = guard_site.job_env(CPU_NODES[0], CPU_NODES[2], SLURM_LOCALID="0")
     modules = job["LOADEDMODULES"].split(":")
     log = _counting_lmod(tmp_path, job)
@@ -217,10 +221,27 @@ def test_the_reload_unloads_in_one_lmod_call_and_loads_up_to_eessi_in_one_and_th
     assert run.returncode == 0, run.stderr
     assert modules[0].startswith("EESSI/")
     assert log.read_text().splitlines() == [
-        f"unload {' '.join(reversed(modules))}",
-        f"load {modules[0]}",
+        f"load {_unloads(modules)} {modules[0]}",
         f"load {' '.join(modules[1:])}",
     ]
+    assert task["EESSI_SOFTWARE_SUBDIR"] == CPU_NODES[2][0]
+
+
+def test_lmod_gets_a_terminal_width_so_it_starts_no_stty_and_the_task_never_sees_it(guard_site, tmp_path):
+    job = guard_site.job_env(CPU_NODES[0], CPU_NODES[2], SLURM_LOCALID="0")
+    log = tmp_path / "widths"
+    wrapper = tmp_path / "lmod-width"
+    wrapper.write_text(
+        f'#!/bin/bash\necho "${{LMOD_TERM_WIDTH-unset}}" >> {log}\nexec {job["LMOD_CMD"]} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    job["LMOD_CMD"] = str(wrapper)
+
+    run, task = guard_site.as_prolog(job)
+
+    assert run.returncode == 0, run.stderr
+    assert set(log.read_text().split()) == {"80"}
+    assert "LMOD_TERM_WIDTH" not in task
     assert task["EESSI_SOFTWARE_SUBDIR"] == CPU_NODES[2][0]
 
 
@@ -235,9 +256,35 @@ def test_a_module_that_cannot_load_is_found_by_loading_them_one_by_one(guard_sit
     assert run.returncode == 0
     assert b"module OnlyOnHaswellToo/1.0 failed to load" in run.stderr
     calls = log.read_text().splitlines()
-    assert calls[:3] == [
-        f"unload {' '.join(reversed(modules))}",
-        f"load {modules[0]}",
+    assert calls[:2] == [
+        f"load {_unloads(modules)} {modules[0]}",
         f"load {' '.join(modules[1:])}",
     ]
-    assert calls[3:] == [f"load {module}" for module in modules]
+    assert calls[2:] == [f"load {module}" for module in modules]
+
+
+def test_when_the_first_call_fails_nothing_of_it_is_kept_and_each_module_goes_one_by_one(
+    guard_site, tmp_path
+):
+    # A module loaded before EESSI's whose file is gone by the time the job runs: the first
+    # call (the unloads and the loads up to EESSI's) fails as a whole, so the modules are
+    # unloaded one by one, then loaded one by one up to the one that cannot be loaded.
+    early = guard_site.prefix.module_dir / "EarlyGone" / "1.0.lua"
+    early.parent.mkdir(parents=True, exist_ok=True)
+    early.write_text('setenv("EARLY_GONE", "1")\n')
+    modules = ("EarlyGone/1.0", *eessilike.default_modules(guard_site.prefix))
+    job = guard_site.job_env(CPU_NODES[0], CPU_NODES[2], modules, EESSI_ARCH_GUARD_VERBOSE="1")
+    early.unlink()
+    log = _counting_lmod(tmp_path, job)
+
+    run = guard_site.run(job)
+
+    assert run.returncode == 0
+    assert b"module EarlyGone/1.0 failed to load" in run.stderr
+    assert b"EESSI_ARCH_GUARD_FAILED=" in run.stdout
+    calls = log.read_text().splitlines()
+    assert calls == [
+        f"load {_unloads(modules)} {modules[0]} {modules[1]}",
+        *(f"unload {module}" for module in reversed(modules)),
+        f"load {modules[0]}",
+    ]

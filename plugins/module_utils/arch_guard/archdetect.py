@@ -34,14 +34,25 @@ class ArchdetectFailed(Exception):
     """archdetect could not be found or run, or answered something unusable."""
 
 
+# EESSI's overrides of its own detection, as a user or site sets them: archdetect answers
+# the first and the last instead of looking at the node, and EESSI's module takes the second
+# instead of running cpupath. A job that carries one from its login node made that choice.
+SUBDIR_OVERRIDE = "EESSI_SOFTWARE_SUBDIR_OVERRIDE"
+OPTIONS_OVERRIDE = "EESSI_ARCHDETECT_OPTIONS_OVERRIDE"
+ACCEL_OVERRIDE = "EESSI_ACCELERATOR_TARGET_OVERRIDE"
+OVERRIDES = (SUBDIR_OVERRIDE, OPTIONS_OVERRIDE, ACCEL_OVERRIDE)
+
+
 class Detection:
-    """``candidates``: the compatible CPU targets, most specific first; ``accel`` or None."""
+    """``candidates``: the compatible CPU targets, most specific first; ``accel`` or None;
+    ``overrides``: the ``NAME=value`` of each of EESSI's overrides that decided them."""
 
-    __slots__ = ("accel", "candidates")
+    __slots__ = ("accel", "candidates", "overrides")
 
-    def __init__(self, candidates, accel) -> None:
+    def __init__(self, candidates, accel, overrides=()) -> None:
         self.candidates = tuple(candidates)
         self.accel = accel
+        self.overrides = tuple(overrides)
 
 
 def find_script(env):
@@ -69,24 +80,35 @@ def bash_path(env) -> str:
 
 
 def detect(env, deadline: Deadline) -> Detection:
-    """Run ``-a cpupath`` and ``accelpath``; raise ArchdetectFailed with the reason."""
+    """Run ``-a cpupath`` and ``accelpath``; raise ArchdetectFailed with the reason.
+
+    With ``EESSI_ARCHDETECT_OPTIONS_OVERRIDE`` set, its value is the candidates and cpupath
+    does not run, as in EESSI's module.
+    """
     script = find_script(env)
     argv = [bash_path(env), script]
     child_env = envdelta.child_environment(env)
-    cpupath = _run([*argv, "-a", "cpupath"], child_env, deadline)
-    if cpupath.returncode != 0:
-        raise ArchdetectFailed(_failure("-a cpupath", cpupath))
-    answer = _answer(cpupath.stdout)
+    overrides = [f"{name}={env[name]}" for name in OVERRIDES if env.get(name)]
+    answer = env.get(OPTIONS_OVERRIDE)
+    if answer:
+        (accelpath,) = _run([[*argv, "accelpath"]], child_env, deadline)
+    else:
+        # Both at once: two shells that each take as long as the other, on a node's CPUs.
+        cpupath, accelpath = _run([[*argv, "-a", "cpupath"], [*argv, "accelpath"]], child_env, deadline)
+        if cpupath.returncode != 0:
+            raise ArchdetectFailed(_failure("-a cpupath", cpupath))
+        answer = _answer(cpupath.stdout)
     candidates = answer.split(":")
     if not all(_TARGET.match(candidate) for candidate in candidates):
+        if env.get(OPTIONS_OVERRIDE):
+            raise ArchdetectFailed(f"{OPTIONS_OVERRIDE} is {answer!r}, not a list of CPU targets")
         raise ArchdetectFailed(f"archdetect -a cpupath answered {answer!r}")
-    accelpath = _run([*argv, "accelpath"], child_env, deadline)
     if accelpath.returncode in NO_ACCELERATOR_EXITS:
-        return Detection(candidates, None)
+        return Detection(candidates, None, overrides)
     accel = _accel_line(accelpath.stdout)
     if accelpath.returncode != 0 or accel is None:
         raise ArchdetectFailed(_failure("accelpath", accelpath))
-    return Detection(candidates, accel)
+    return Detection(candidates, accel, overrides)
 
 
 def select_target(candidates, eessi_prefix):
@@ -99,11 +121,11 @@ def select_target(candidates, eessi_prefix):
     return None
 
 
-def _run(argv, env, deadline) -> proc.ChildResult:
+def _run(argvs, env, deadline) -> list:
     try:
-        return proc.run_child(argv, env=env, deadline=deadline)
+        return proc.run_children(argvs, env=env, deadline=deadline)
     except OSError as err:
-        raise ArchdetectFailed(f"cannot run {argv[1]}: {err.strerror}") from None
+        raise ArchdetectFailed(f"cannot run {argvs[0][1]}: {err.strerror}") from None
 
 
 def _answer(output: bytes) -> str:

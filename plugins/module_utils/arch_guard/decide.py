@@ -3,7 +3,8 @@
 """The guard's decision for one task, from the environment it arrived with.
 
 The steps, each of which can end it: disabled, EESSI not loaded, archdetect, the target
-EESSI would select here, already matching, module names, Lmod, the restore helper, and
+EESSI would select here, already matching, EESSI's module among the loaded ones, module
+names, Lmod, the restore helper, and
 whether the delta can be carried in the output mode. A failure exports only
 EESSI_ARCH_GUARD_FAILED: the task keeps its environment, which may still run here.
 """
@@ -33,6 +34,9 @@ from .decision import (
 _MODULE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*(/[A-Za-z0-9._+-]+)*\Z")
 
 _REMEDY = "add 'module reset' to the job script or submit with --export=NONE"
+# EESSI started by sourcing init/bash: no module to load again, only the script to source.
+NO_EESSI_MODULE = "no-eessi-module"
+_EESSI_MODULE = re.compile(r"EESSI/[^/]+\Z")
 
 
 class Node:
@@ -100,9 +104,31 @@ def _decide_loaded(env, mode, was: Node, deadline) -> Decision:
             f"EESSI has no software for this node ({printable(':'.join(detection.candidates))})",
         )
     now = Node(target, detection.accel)
+    respected = respected_overrides(detection)
     if now == was:
-        return skip("target already matches this node")
+        return skip(f"target already matches this node{respected}")
     modules = [name for name in env.get("LOADEDMODULES", "").split(":") if name]
+    refused = _cannot_reload(env, modules, was=was, now=now)
+    if refused is not None:
+        return refused
+    return _reload(env, mode, deadline, was=was, now=now, modules=modules, respected=respected)
+
+
+def _cannot_reload(env, modules, *, was: Node, now: Node):
+    """The failure when the task's modules cannot be reloaded here, else None: no EESSI
+    module to load again (EESSI sourced by init/bash), a name unsafe to pass to Lmod, no Lmod."""
+    if not any(_EESSI_MODULE.match(name) for name in modules):
+        init = f"{env.get('EESSI_PREFIX') or '$EESSI_PREFIX'}/init/bash"
+        return _failed(
+            was,
+            NO_EESSI_MODULE,
+            f"no EESSI module in LOADEDMODULES ({env.get('LOADEDMODULES', '')!r}): "
+            "EESSI was started by sourcing init/bash",
+            f"EESSI was started by sourcing init/bash, not by its module, so it cannot be "
+            f"loaded again for {now.label(was)}",
+            now,
+            remedy=f"submit with --export=NONE and source {printable(init)} in the job script",
+        )
     unsafe = [name for name in modules if not _MODULE_NAME.match(name)]
     if unsafe:
         return _failed(
@@ -121,7 +147,15 @@ def _decide_loaded(env, mode, was: Node, deadline) -> Decision:
             "Lmod is not available",
             now,
         )
-    return _reload(env, mode, deadline, was=was, now=now, modules=modules)
+    return None
+
+
+def respected_overrides(detection: archdetect.Detection) -> str:
+    """The detail's note of EESSI's overrides that decided the target: the job's own choice,
+    which the guard follows as EESSI's module does ("" when none was set)."""
+    if not detection.overrides:
+        return ""
+    return f"; {', '.join(map(printable, detection.overrides))} respected as the job's own choice"
 
 
 def no_software_detail(candidates, eessi_prefix) -> str:
@@ -130,7 +164,7 @@ def no_software_detail(candidates, eessi_prefix) -> str:
     return f"no software directory for any of {':'.join(candidates)} under {where}"
 
 
-def _reload(env, mode, deadline, *, was: Node, now: Node, modules) -> Decision:
+def _reload(env, mode, deadline, *, was: Node, now: Node, modules, respected: str) -> Decision:
     try:
         report = restore.reload_modules(env, modules, deadline)
     except restore.ModuleLoadFailed as err:
@@ -143,10 +177,10 @@ def _reload(env, mode, deadline, *, was: Node, now: Node, modules) -> Decision:
         )
     except restore.RestoreFailed as err:
         return _failed(was, "restore-failed", str(err), f"reloading EESSI for {now.label(was)} failed", now)
-    return from_report(env, mode, report, was=was, now=now)
+    return from_report(env, mode, report, was=was, now=now, respected=respected)
 
 
-def from_report(env, mode, report: restore.Report, *, was: Node, now: Node) -> Decision:
+def from_report(env, mode, report: restore.Report, *, was: Node, now: Node, respected: str = "") -> Decision:
     """The decision once the helper reported: the delta with its markers, if it can be carried."""
     reloaded = report.after.get("EESSI_SOFTWARE_SUBDIR", "")
     if reloaded != now.cpu:
@@ -169,13 +203,13 @@ def from_report(env, mode, report: restore.Report, *, was: Node, now: Node) -> D
         )
     return Decision(
         RELOAD,
-        f"reloaded {transition}",
+        f"reloaded {transition}{respected}",
         carried,
         f"eessi-arch-guard: reloaded EESSI for {now.label(was)} (job environment was {was.label(now)})",
     )
 
 
-def _failed(was: Node, token: str, detail: str, problem: str, now=None) -> Decision:
+def _failed(was: Node, token: str, detail: str, problem: str, now=None, *, remedy: str = _REMEDY) -> Decision:
     """EESSI_ARCH_GUARD_FAILED=<was>-><token>; the task's environment is otherwise kept."""
     was_label = was.label(now)
     return Decision(
@@ -183,5 +217,5 @@ def _failed(was: Node, token: str, detail: str, problem: str, now=None) -> Decis
         detail,
         [(FAILED_MARKER, f"{was_label}->{token}")],
         f"eessi-arch-guard: {problem}; the job keeps its {was_label} environment, "
-        f"which may not run on this node: {_REMEDY}",
+        f"which may not run on this node: {remedy}",
     )

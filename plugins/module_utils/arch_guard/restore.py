@@ -23,23 +23,27 @@ from ..common.deadline import Deadline, DeadlineExceeded, SigtermHeld
 from . import archdetect, envdelta, settings
 
 # $1: the env program, $2...: the modules, in load order. The work directory is the cwd.
-# Lmod ends its output with `false` when a command fails, so eval's status is Lmod's; the
-# LOADEDMODULES check catches a module that Lmod skipped without saying so.
+# Lmod ends its output with `false` when a command fails, and then changes nothing, so
+# eval's status is Lmod's; the LOADEDMODULES check catches a module that Lmod skipped
+# without saying so.
 #
-# Each Lmod call pays Lmod's start, so one call unloads every module (last first) and the
-# loads take two: the modules up to the EESSI module, then the rest. Two, because EESSI's
-# module points LMOD_PACKAGE_PATH at its SitePackage (its load hooks: the GPU driver check
-# among them), which Lmod reads when it starts: the modules after it get those hooks, as in
-# a login that loads EESSI first. Only when a call fails, or a module is missing afterwards,
-# are the modules taken one by one, so that the module that cannot be loaded is named and
-# Lmod's words about it are the helper's stderr (the grouped loads' words are dropped, or
-# they would be said twice).
+# Each Lmod call pays Lmod's start, so there are two: the first unloads every module (last
+# first; `load -<name>` unloads, before the loads of the same call) and loads the modules
+# up to the EESSI module, the second loads the rest. Two, because EESSI's module points
+# LMOD_PACKAGE_PATH at its SitePackage (its load hooks: the GPU driver check among them),
+# which Lmod reads when it starts: the modules after it get those hooks, as in a login that
+# loads EESSI first. Only when a call fails, or a module is missing afterwards, are the
+# modules taken one by one, so that the module that cannot be loaded is named and Lmod's
+# words about it are the helper's stderr (the grouped calls' words are dropped, or they
+# would be said twice). LMOD_TERM_WIDTH spares each Lmod process (those that EESSI's
+# source_sh starts among them) a `stty size` for a terminal the helper does not have; it
+# is given to Lmod's command only, never exported, so no report holds it.
 HELPER_SCRIPT = r"""
 env_tool=$1
 shift
 lmod() {
     local code
-    code=$("$LMOD_CMD" bash "$@") || return 1
+    code=$(LMOD_TERM_WIDTH=${LMOD_TERM_WIDTH:-80} "$LMOD_CMD" bash "$@") || return 1
     eval "$code"
 }
 loaded() {
@@ -54,34 +58,38 @@ all_loaded() {
         loaded "$module" || return 1
     done
 }
-grouped_load() {
-    local split=$# i
+# 0: reloaded; 1: the first call failed, nothing changed; 2: a later step failed.
+grouped_reload() {
+    local split=$# i unloads=()
+    for (( i = $#; i >= 1; i-- )); do
+        unloads+=("-${!i}")
+    done
     for (( i = 1; i <= $#; i++ )); do
         case ${!i} in
             EESSI/*) split=$i; break ;;
         esac
     done
-    lmod load "${@:1:split}" 2>/dev/null || return 1
+    lmod load "${unloads[@]}" "${@:1:split}" 2>/dev/null || return 1
     if (( split < $# )); then
-        lmod load "${@:split+1}" 2>/dev/null || return 1
+        lmod load "${@:split+1}" 2>/dev/null || return 2
     fi
-    all_loaded "$@"
+    all_loaded "$@" || return 2
 }
 "$env_tool" -0 > before.env || exit 90
-last_first=()
-for (( i = $#; i >= 1; i-- )); do
-    last_first+=("${!i}")
-done
-if (( $# > 0 )) && ! lmod unload "${last_first[@]}"; then
-    for module in "${last_first[@]}"; do
-        lmod unload "$module"
-    done
-fi
-if (( $# > 0 )) && ! grouped_load "$@"; then
-    for module in "$@"; do
-        lmod load "$module"
-        loaded "$module" || { printf '%s' "$module" > failed-module; exit 3; }
-    done
+if (( $# > 0 )); then
+    grouped_reload "$@"
+    status=$?
+    if (( status == 1 )); then
+        for (( i = $#; i >= 1; i-- )); do
+            lmod unload "${!i}"
+        done
+    fi
+    if (( status != 0 )); then
+        for module in "$@"; do
+            lmod load "$module"
+            loaded "$module" || { printf '%s' "$module" > failed-module; exit 3; }
+        done
+    fi
 fi
 "$env_tool" -0 > after.env || exit 91
 : > complete

@@ -84,16 +84,7 @@ def run_child(
     stdout_to, stderr_to = _streams(output_fd, on_line)
     mask = hold_sigterm()
     try:
-        child = subprocess.Popen(
-            argv,
-            env=env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=stdout_to,
-            stderr=stderr_to,
-            start_new_session=True,
-            preexec_fn=_in_child(preexec),  # noqa: PLW1509 (the blocked mask would survive exec)
-        )
+        child = _start(argv, env=env, cwd=cwd, stdout_to=stdout_to, stderr_to=stderr_to, preexec=preexec)
     except BaseException:
         release_sigterm(mask)
         raise
@@ -110,6 +101,64 @@ def run_child(
         _kill_group(child)
         raise
     return ChildResult(child.returncode, stdout, stderr)
+
+
+def run_children(
+    argvs: Sequence[Sequence[str]], *, env: Optional[Mapping[str, str]], deadline: Deadline
+) -> list:
+    """Run every command of ``argvs`` at the same time, output captured, and return their
+    ``ChildResult``s in the same order once all have ended.
+
+    Each child is started as ``run_child`` starts one, in its own session. On the deadline
+    (``DeadlineExceeded``), on SIGTERM and on any other exception, every child not yet
+    reaped has its group killed before the exception travels on. The outputs are read one
+    child after the other: a child that fills its pipe waits until its turn comes.
+    """
+    started: list = []
+    mask = hold_sigterm()
+    try:
+        for argv in argvs:
+            started.append(
+                _start(
+                    argv,
+                    env=env,
+                    cwd=None,
+                    stdout_to=subprocess.PIPE,
+                    stderr_to=subprocess.PIPE,
+                    preexec=None,
+                )
+            )
+        # Inside the try: a SIGTERM held meanwhile arrives here, and every group is killed.
+        release_sigterm(mask)
+        results = []
+        for argv, child in zip(argvs, started):
+            try:
+                stdout, stderr = child.communicate(timeout=_remaining(deadline))
+            except subprocess.TimeoutExpired:
+                raise DeadlineExceeded(f"{argv[0]} still running after {deadline.seconds:g} s") from None
+            results.append(ChildResult(child.returncode, stdout, stderr))
+        return results
+    except BaseException:
+        release_sigterm(mask)
+        for child in started:
+            # Only a child not yet reaped: a reaped one's process group id may be reused.
+            if child.returncode is None:
+                _kill_group(child)
+        raise
+
+
+def _start(argv, *, env, cwd, stdout_to, stderr_to, preexec) -> subprocess.Popen:
+    """``argv`` started in its own session, stdin from /dev/null; SIGTERM is held by the caller."""
+    return subprocess.Popen(
+        argv,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=stdout_to,
+        stderr=stderr_to,
+        start_new_session=True,
+        preexec_fn=_in_child(preexec),  # noqa: PLW1509 (the blocked mask would survive exec)
+    )
 
 
 def _collect(

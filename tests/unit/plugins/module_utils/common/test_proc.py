@@ -253,3 +253,95 @@ def test_preexec_runs_in_the_child_before_exec(tmp_path):
 def test_a_missing_working_directory_raises_file_not_found(tmp_path):
     with pytest.raises(FileNotFoundError):
         proc.run_child(["true"], env={"PATH": os.defpath}, cwd=tmp_path / "missing")
+
+
+# several children at once
+
+
+def test_run_children_runs_them_at_the_same_time(tmp_path):
+    # The first waits for a file only the second makes: one after the other, the first
+    # would wait out the deadline.
+    flag = tmp_path / "flag"
+    waits = f"while [ ! -e {flag} ]; do sleep 0.01; done; echo saw it"
+    makes = f"touch {flag}; echo made it"
+
+    first, second = proc.run_children(
+        [["sh", "-c", waits], ["sh", "-c", makes]], env={"PATH": os.defpath}, deadline=proc.Deadline(30)
+    )
+
+    assert (first.returncode, first.stdout) == (0, b"saw it\n")
+    assert (second.returncode, second.stdout) == (0, b"made it\n")
+
+
+def test_run_children_gives_each_its_own_status_and_streams_in_order():
+    results = proc.run_children(
+        [["sh", "-c", "echo one; echo err1 >&2; exit 3"], ["sh", "-c", "echo two"]],
+        env={"PATH": os.defpath},
+        deadline=proc.Deadline(30),
+    )
+
+    assert [(result.returncode, result.stdout, result.stderr) for result in results] == [
+        (3, b"one\n", b"err1\n"),
+        (0, b"two\n", b""),
+    ]
+
+
+def test_run_children_on_the_deadline_kills_every_group(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+
+    with pytest.raises(proc.DeadlineExceeded, match="still running after 1 s"):
+        proc.run_children(
+            [["sh", "-c", _helper_script(first)], ["sh", "-c", _helper_script(second)]],
+            env={"PATH": os.defpath},
+            deadline=proc.Deadline(1),
+        )
+
+    assert _wait_until_gone(int(first.read_text()))
+    assert _wait_until_gone(int(second.read_text()))
+
+
+def test_run_children_a_program_that_cannot_start_ends_those_already_started():
+    # A sleep this test alone runs, found by its argument: it may not have run a line yet.
+    seconds = f"300.{os.getpid()}"
+
+    with pytest.raises(FileNotFoundError):
+        proc.run_children(
+            [["sleep", seconds], ["/nonexistent/program"]],
+            env={"PATH": os.defpath},
+            deadline=proc.Deadline(30),
+        )
+
+    give_up = time.monotonic() + 5
+    while _running_with_argument(seconds) and time.monotonic() < give_up:
+        time.sleep(0.05)
+    assert not _running_with_argument(seconds)
+
+
+def _running_with_argument(argument: str) -> list:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                args = cmdline.read().split(b"\0")
+        except OSError:
+            continue
+        if argument.encode() in args and is_running(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+def test_run_children_sigterm_kills_every_group(tmp_path, sigterm_raises_terminated):
+    first, second = tmp_path / "first", tmp_path / "second"
+    signals = f"sleep 300 & echo $! > {second}; sleep 0.2; kill -TERM $PPID; sleep 300"
+
+    with pytest.raises(errors.Terminated):
+        proc.run_children(
+            [["sh", "-c", _helper_script(first)], ["sh", "-c", signals]],
+            env={"PATH": os.defpath},
+            deadline=proc.Deadline(60),
+        )
+
+    assert _wait_until_gone(int(first.read_text()))
+    assert _wait_until_gone(int(second.read_text()))
