@@ -172,6 +172,25 @@ def test_the_helpers_work_directory_is_removed(guard_site, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_what_a_module_makes_in_the_helpers_directory_goes_with_it(guard_site, tmp_path):
+    # A module whose load runs a command that leaves files and a directory in the working
+    # directory, which is the helper's work directory.
+    compute = CPU_NODES[1]
+    for node in (CPU_NODES[0], compute):
+        guard_site.prefix.write_module(
+            node[0],
+            "Litter/1.0",
+            'execute{cmd="mkdir -p litter/deeper && touch litter/deeper/file loose-file", modeA={"load"}}\n',
+        )
+    modules = (*eessilike.default_modules(guard_site.prefix), "Litter/1.0")
+    job = guard_site.job_env(CPU_NODES[0], compute, modules, TMPDIR=str(tmp_path))
+
+    _run, task = guard_site.as_prolog(job)
+
+    assert task["EESSI_SOFTWARE_SUBDIR"] == compute[0]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_lmod_and_module_output_never_reach_the_prolog_output(guard_site):
     compute = CPU_NODES[3]
     chatty = guard_site.prefix.write_module(

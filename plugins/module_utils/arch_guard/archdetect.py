@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 
 from ..common import proc
 from ..common.deadline import Deadline
@@ -73,7 +72,7 @@ def bash_path(env) -> str:
     for candidate in ("/bin/bash", "/usr/bin/bash"):
         if os.access(candidate, os.X_OK):
             return candidate
-    found = shutil.which("bash", path=env.get("PATH", os.defpath))
+    found = proc.find_program("bash", env.get("PATH", os.defpath))
     if found is None:
         raise ArchdetectFailed("no bash to run archdetect with")
     return found

@@ -13,10 +13,10 @@ stderr.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
-import shutil
 import stat
-import tempfile
 
 from ..common import proc
 from ..common.deadline import Deadline, DeadlineExceeded, SigtermHeld
@@ -105,6 +105,10 @@ REPORT_MAX_BYTES = 16 * 1024 * 1024
 
 # Where the helper's `env` is looked for: the system's, not one a module put on PATH.
 _ENV_TOOL_PATH = "/usr/bin:/bin"
+_WORK_DIR_PREFIX = ".eessi-arch-guard-restore."
+# Random names tried for the work directory: 64 random bits each, so only a directory
+# that refuses new entries (or a bug) exhausts them.
+_WORK_DIR_TRIES = 5
 
 
 class RestoreFailed(Exception):
@@ -143,7 +147,7 @@ def reload_modules(env, modules, deadline: Deadline) -> Report:
     Raises ModuleLoadFailed, RestoreFailed, DeadlineExceeded or Terminated. The work
     directory is removed whatever happens, a SIGTERM held until it is.
     """
-    env_tool = shutil.which("env", path=_ENV_TOOL_PATH)
+    env_tool = proc.find_program("env", _ENV_TOOL_PATH)
     if env_tool is None:
         raise RestoreFailed(f"no env program in {_ENV_TOOL_PATH}")
     argv = [archdetect.bash_path(env), "--noprofile", "--norc", "-c", HELPER_SCRIPT, "restore", env_tool]
@@ -162,11 +166,11 @@ def reload_modules(env, modules, deadline: Deadline) -> Report:
             raise RestoreFailed(f"cannot start the restore helper: {err.strerror}") from None
         return _read_report(work_fd, result, deadline)
     finally:
-        if work_fd is not None:
-            os.close(work_fd)
         if work is not None:
             with SigtermHeld():
-                shutil.rmtree(work, ignore_errors=True)
+                _remove_work_dir(work, work_fd)
+        if work_fd is not None:
+            os.close(work_fd)
 
 
 def _make_work_dir(env) -> str:
@@ -184,7 +188,7 @@ def _make_work_dir(env) -> str:
             refusals.append(f"{reason}, not trusted")
             continue
         try:
-            return tempfile.mkdtemp(prefix=".eessi-arch-guard-restore.", dir=root)
+            return _new_dir(root)
         except OSError as err:
             refusals.append(f"cannot create the helper's work directory in {root}: {err.strerror}")
     raise RestoreFailed(
@@ -192,9 +196,43 @@ def _make_work_dir(env) -> str:
     )
 
 
+def _new_dir(root: str) -> str:
+    """A new directory in ``root`` under a random name, mode 0700, as ``tempfile.mkdtemp``
+    makes one (tempfile and shutil would cost every cold decision milliseconds of imports)."""
+    for _try in range(_WORK_DIR_TRIES):
+        path = os.path.join(root, _WORK_DIR_PREFIX + os.urandom(8).hex())
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(errno.EEXIST, f"{_WORK_DIR_TRIES} random names were all taken")
+
+
+def _remove_work_dir(work: str, work_fd) -> None:
+    """Empty the work directory through its descriptor (the directory this process made,
+    whatever its name now leads to), then remove it. Failures are ignored: it is scratch."""
+    names = []
+    if work_fd is not None:
+        with contextlib.suppress(OSError):
+            names = os.listdir(work_fd)
+    for name in names:
+        try:
+            os.unlink(name, dir_fd=work_fd)
+        except IsADirectoryError:
+            # Only something a module's command made in the helper's working directory.
+            import shutil  # noqa: PLC0415 (never needed on the guard's usual path)
+
+            shutil.rmtree(os.path.join(work, name), ignore_errors=True)
+        except OSError:
+            pass
+    with contextlib.suppress(OSError):
+        os.rmdir(work)
+
+
 def _open_work_dir(work: str) -> int:
     """The work directory just made, as a descriptor: the report is read through it, so a
-    directory renamed away and replaced by another after ``mkdtemp`` is never read."""
+    directory renamed away and replaced by another after it was made is never read."""
     try:
         fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as err:

@@ -48,6 +48,16 @@ class ChildResult:
         self.stderr = stderr
 
 
+def find_program(name: str, path: str):
+    """The first executable file ``name`` in the directories of ``path``, else None: what
+    ``shutil.which`` answers, without its import."""
+    for directory in path.split(os.pathsep):
+        candidate = os.path.join(directory or os.curdir, name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
 def summary(output: bytes, limit: int = 300) -> str:
     """A child's output as one line for a message: blank lines dropped, runs of space joined."""
     text = " ".join(os.fsdecode(output).split())

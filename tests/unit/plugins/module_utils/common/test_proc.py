@@ -345,3 +345,17 @@ def test_run_children_sigterm_kills_every_group(tmp_path, sigterm_raises_termina
 
     assert _wait_until_gone(int(first.read_text()))
     assert _wait_until_gone(int(second.read_text()))
+
+
+def test_find_program_takes_the_first_executable_file_on_the_path(tmp_path):
+    first, second, third = (tmp_path / name for name in ("first", "second", "third"))
+    for directory in (first, second, third):
+        directory.mkdir()
+    (first / "tool").write_text("not executable\n")
+    (second / "tool").mkdir()  # a directory is no program, executable bits or not
+    (third / "tool").write_text("#!/bin/sh\n")
+    (third / "tool").chmod(0o755)
+
+    assert proc.find_program("tool", f"{first}:{second}:{third}") == str(third / "tool")
+    assert proc.find_program("tool", f"{first}:{second}") is None
+    assert proc.find_program("absent", str(third)) is None
