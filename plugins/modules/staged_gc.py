@@ -12,7 +12,12 @@ description:
   - Removes, on the target host, the previous install directories that runs of
     C(eb-staged-rebuild) kept beside the live ones (the hidden sibling
     C(<software>/<Name>/.<version>.<run_id>) each run's journal recorded), once the grace period
-    has passed since the run last changed state. The live path is never removed.
+    has passed since the run last changed state and no process on the target host uses them.
+    The live path is never removed.
+  - A process uses a tree when its executable, working directory or root is in it, it holds a
+    file of it open or mapped, or its environment names a path in it, as C(/proc) shows it.
+    Such a tree is kept whatever the grace period says, with the processes in RV(kept). As
+    root every process of the host is seen; as another user only that user's (RV(processes)).
   - Once a run's previous tree is gone, M(hpcstack.ops.staged_rollback) refuses to roll that
     run back.
   - The software directory of a retired module file is only reported (RV(kept) or RV(manual)),
@@ -75,8 +80,10 @@ removed:
       run_id: 20261201T053043Z-89e721
 kept:
   description:
-    - Previous trees and software directories that stay, each with its run and why (the grace
-      period, or a tracked module file still uses it).
+    - Previous trees and software directories that stay, each with its run and why (processes
+      use it, the grace period, or a tracked module file still uses it). A tree that processes
+      use also lists them (C(pid), C(uid), C(user), C(command), and C(uses), some of C(exe),
+      C(cwd), C(root), C(fd), C(maps), C(environ)).
   returned: success
   type: list
   elements: dict
@@ -84,6 +91,15 @@ kept:
     - path: /apps/software/TinyApp/.1.0.20261201T053043Z-89e721
       run_id: 20261201T053043Z-89e721
       why: grace period
+    - path: /apps/software/TinyApp/.1.0.20261130T101500Z-1c2d3e
+      run_id: 20261130T101500Z-1c2d3e
+      why: "in use by 1 process (pids 48213; users alice)"
+      processes:
+        - pid: 48213
+          uid: 1001
+          user: alice
+          command: tinyapp
+          uses: [maps]
 manual:
   description:
     - Software directories of retired module files that no tracked module file uses any more;
@@ -118,6 +134,18 @@ incomplete:
     - path: /var/lib/eb-staged-rebuild/runs/20261201T053043Z-89e721
       run_id: 20261201T053043Z-89e721
       why: "a run directory without a journal (...); remove it by hand"
+processes:
+  description:
+    - What the scan of C(/proc) saw - C(scanned) processes, C(unreadable) ones (not read in
+      full; never taken as unused), the uid it ran as (C(as_uid)), and C(seen), which says
+      whether that was every process of the host or only that uid's.
+  returned: success
+  type: dict
+  sample:
+    scanned: 214
+    unreadable: 0
+    as_uid: 0
+    seen: "every process of this node's pid namespace"
 grace_hours:
   description: The grace period, in hours, that this run applied.
   returned: success

@@ -3,22 +3,26 @@
 """``gc``: remove retired trees once no job can still be running from them.
 
 Only the hidden sibling that a directory-swap journal recorded (``<software>/<Name>/
-.<version>.<run_id>``) is ever removed, and only after the grace period (default 144 h:
-a 120-hour walltime plus 24 hours; set it to the site's limit) counted from the run's last
-change of state. The stable path is never removed. A retired module's software directory is
-reported, never deleted: ``keep`` while a tracked module file still resolves inside it or
-the grace period runs, then ``manual``. Deleting it from a retire record would let one
-wrong journal entry remove a directory a job outside this tool still has open.
+.<version>.<run_id>``) is ever removed, and only when no process of this node uses it
+(``inuse``: an open file, a mapping, a working directory, a root, an executable or an
+environment that names it) and the grace period (default 144 h: a 120-hour walltime plus
+24 hours; set it to the site's limit) counted from the run's last change of state has
+passed. A process that uses it keeps the tree whatever the grace period says. The stable
+path is never removed. A retired module's software directory is reported, never deleted:
+``keep`` while a tracked module file still resolves inside it or the grace period runs,
+then ``manual``. Deleting it from a retire record would let one wrong journal entry remove
+a directory a job outside this tool still has open.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
-from typing import Any, Dict, Set
+from typing import Any, Dict, List, Set
 
 from ..common import errors
-from . import fsutil, modulefile, settings
+from . import fsutil, inuse, modulefile, settings
 from . import journal as journals
 from .journal import RunKind, RunState
 
@@ -61,7 +65,35 @@ def _tracked_roots(runs):
     return roots
 
 
-def _collect_siblings(journal, now, grace, dry_run, report):
+def _candidates(runs) -> List[str]:
+    """What gc may remove: every recorded sibling that exists and each run's build area."""
+    found: List[str] = []
+    for journal in runs:
+        if journal.run.kind is RunKind.PUBLISH and journal.state not in journals.INTERRUPTED:
+            siblings = (entry.retired_path for entry in journal.modules)
+            found.extend(sibling for sibling in siblings if os.path.lexists(sibling))
+            found.append(journal.trees.generation(journal.run_id))
+    return found
+
+
+def in_use_reason(processes) -> str:
+    """``in use by 2 processes (pids 12, 34; users alice, bob)``."""
+    pids = ", ".join(str(process.pid) for process in processes)
+    users = ", ".join(sorted({process.user for process in processes}))
+    noun = "process" if len(processes) == 1 else "processes"
+    return f"in use by {len(processes)} {noun} (pids {pids}; users {users})"
+
+
+def _kept_in_use(path, run_id, processes) -> dict:
+    return {
+        "path": path,
+        "run_id": run_id,
+        "why": in_use_reason(processes),
+        "processes": [dataclasses.asdict(process) for process in processes],
+    }
+
+
+def _collect_siblings(journal, now, grace, *, dry_run, report, usage):
     """Remove (or, in a dry run, list) the hidden siblings one publish run recorded."""
     old_enough = _elapsed(journal, now, grace)
     software = journal.trees.software
@@ -76,6 +108,10 @@ def _collect_siblings(journal, now, grace, dry_run, report):
             )
         fsutil.refuse_symlink_components(sibling, stop_at=software)
         _require_left_by_the_run(journal, entry)
+        users = usage.users.get(sibling)
+        if users:
+            report["kept"].append(_kept_in_use(sibling, journal.run_id, users))
+            continue
         if not old_enough:
             report["kept"].append({"path": sibling, "run_id": journal.run_id, "why": "grace period"})
             continue
@@ -85,6 +121,10 @@ def _collect_siblings(journal, now, grace, dry_run, report):
             fsutil.remove_tree(sibling, root=software)
         report["removed"].append({"path": sibling, "run_id": journal.run_id})
     generation = journal.trees.generation(journal.run_id)
+    if usage.users.get(generation):
+        if os.path.isdir(generation):
+            report["kept"].append(_kept_in_use(generation, journal.run_id, usage.users[generation]))
+        return
     if old_enough and not dry_run and os.path.isdir(generation) and not os.path.islink(generation):
         journal.faults.before("gc remove " + os.path.relpath(generation, software))
         fsutil.remove_tree(generation, root=software)
@@ -132,6 +172,8 @@ def gc(state_root, grace_hours=settings.DEFAULT_GRACE_HOURS, dry_run=False, now=
         # them was published); the administrator removes them.
         "incomplete": journals.incomplete(state_root),
     }
+    usage = inuse.scan(_candidates(runs))
+    report["processes"] = usage.summary()
     for journal in runs:
         if journal.state in journals.INTERRUPTED:
             command = "rollback " + journal.run_id if journal.run.kind is RunKind.RETIRE else "resume"
@@ -143,7 +185,7 @@ def gc(state_root, grace_hours=settings.DEFAULT_GRACE_HOURS, dry_run=False, now=
                 }
             )
         elif journal.run.kind is RunKind.PUBLISH:
-            _collect_siblings(journal, now, grace, dry_run, report)
+            _collect_siblings(journal, now, grace, dry_run=dry_run, report=report, usage=usage)
     roots = _tracked_roots(runs)
     for journal in runs:
         if journal.run.kind is RunKind.RETIRE and journal.state is RunState.RETIRED:

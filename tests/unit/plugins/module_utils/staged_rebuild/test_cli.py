@@ -9,6 +9,7 @@ build.
 from __future__ import annotations
 
 import json
+import os
 import signal
 
 import pytest
@@ -121,8 +122,12 @@ def test_text_output_of_gc_names_each_list_and_the_change(site, capsys):
     code = _main(site, "gc")
 
     assert code == 0
+    uid = os.geteuid()
+    seen = "every process" if uid == 0 else f"only the processes of uid {uid}"
     assert capsys.readouterr().out == (
         "removed:\nkept:\nmanual:\ninterrupted:\nincomplete:\n"
+        f'processes: {{"as_uid": {uid}, "scanned": 0, '
+        f'"seen": "{seen} of this node\'s pid namespace", "unreadable": 0}}\n'
         "changed: False\ndry_run: False\ngrace_hours: 144.0\n"
     )
 

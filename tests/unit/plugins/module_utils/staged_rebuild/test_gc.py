@@ -417,6 +417,15 @@ def test_a_state_root_without_runs_reports_nothing(site):
         "manual": [],
         "interrupted": [],
         "incomplete": [],
+        # Nothing to look for: /proc is not read at all.
+        "processes": {
+            "scanned": 0,
+            "unreadable": 0,
+            "as_uid": os.geteuid(),
+            "seen": "every process of this node's pid namespace"
+            if os.geteuid() == 0
+            else f"only the processes of uid {os.geteuid()} of this node's pid namespace",
+        },
         "changed": False,
         "dry_run": False,
         "grace_hours": settings.DEFAULT_GRACE_HOURS,

@@ -1,0 +1,210 @@
+# Copyright: hpcstack.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Which of some directory trees the processes of this node use, read from ``/proc``.
+
+A process uses a tree when one of these lies inside it: its executable, its working
+directory or its root (the links ``exe``, ``cwd``, ``root``), a file it holds open
+(``fd/*``), a file it has mapped (``maps``: a shared library, an ``mmap`` of data), or a
+path named by a value of its environment (a ``:``-separated list counts part by part). The
+kernel keeps the first five up to date through renames: once a tree has been swapped out,
+what a job still holds of it reads under the hidden sibling's name, the name gc collects.
+
+As root every process can be read. Another user can read only their own processes' links,
+maps and environments (the kernel asks for ptrace access): the others are counted as
+unreadable, and so is any process whose entries could not be read for another reason than
+its end. An unreadable process never makes a tree look unused: gc then keeps to its other
+rules (the grace period), which only ever keep more. Processes in another mount namespace
+(a container, a sandbox) name paths as their own root sees them, and processes in another
+pid namespace are not listed here at all: neither is seen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
+
+PROC = "/proc"
+LINKS = ("exe", "cwd", "root")
+# A process's environment or maps above this is read only this far, and the process counts
+# as unreadable: no process can hide a path from gc behind a large environment.
+READ_LIMIT = 16 * 1024 * 1024
+_DELETED = " (deleted)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Process:
+    """A process that uses a tree, and how (``exe``, ``cwd``, ``root``, ``fd``, ``maps``, ``environ``)."""
+
+    pid: int
+    uid: int
+    user: str
+    command: str
+    uses: Tuple[str, ...]
+
+
+@dataclasses.dataclass
+class Scan:
+    """One pass over ``/proc``: the users of each tree asked about, and what could not be seen."""
+
+    users: Dict[str, List[Process]]
+    scanned: int
+    unreadable: int
+    as_uid: int
+
+    @property
+    def every_process(self) -> bool:
+        """Whether the scan could read every process: only as root."""
+        return self.as_uid == 0
+
+    def summary(self) -> dict:
+        """The scan as a report's fields."""
+        seen = "every process" if self.every_process else f"only the processes of uid {self.as_uid}"
+        return {
+            "scanned": self.scanned,
+            "unreadable": self.unreadable,
+            "as_uid": self.as_uid,
+            "seen": f"{seen} of this node's pid namespace",
+        }
+
+
+def scan(trees: Sequence[str], proc: str = PROC) -> Scan:
+    """Which processes use each of ``trees`` (absolute directories), from one pass over ``proc``."""
+    targets = {tree: _spellings(tree) for tree in trees}
+    users: Dict[str, List[Process]] = {tree: [] for tree in trees}
+    scanned = unreadable = 0
+    own = os.getpid()
+    entries = []
+    if targets:  # nothing to look for: nothing read
+        try:
+            entries = os.listdir(proc)
+        except OSError:
+            entries = []
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == own:
+            continue
+        found = _read_process(os.path.join(proc, entry))
+        if found is None:  # it ended while it was read
+            continue
+        scanned += 1
+        if not found.complete:
+            unreadable += 1
+        for tree, spellings in targets.items():
+            uses = tuple(sorted({how for how, path in found.paths if _inside(path, spellings)}))
+            if uses:
+                users[tree].append(Process(int(entry), found.uid, _user(found.uid), found.command, uses))
+    return Scan(users, scanned, unreadable, os.geteuid())
+
+
+@dataclasses.dataclass
+class _Found:
+    uid: int
+    command: str
+    paths: List[Tuple[str, str]]
+    complete: bool
+
+
+def _read_process(directory: str) -> Optional[_Found]:
+    """The paths one process names, with where each came from; None when it has ended."""
+    try:
+        uid = os.stat(directory).st_uid
+        command = _read(os.path.join(directory, "comm"), 4096)[0].decode(errors="replace").strip()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except OSError:
+        uid, command = -1, "?"
+    found = _Found(uid, command, [], True)
+    for name in LINKS:
+        _add_link(found, name, os.path.join(directory, name))
+    fds = os.path.join(directory, "fd")
+    try:
+        names = os.listdir(fds)
+    except (FileNotFoundError, ProcessLookupError):
+        names = []
+    except OSError:
+        names, found.complete = [], False
+    for fd in names:
+        _add_link(found, "fd", os.path.join(fds, fd))
+    for name, parse in (("maps", _mapped_paths), ("environ", _environment_paths)):
+        try:
+            data, whole = _read(os.path.join(directory, name), READ_LIMIT)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        except OSError:
+            found.complete = False
+            continue
+        found.complete = found.complete and whole
+        found.paths.extend((name, path) for path in parse(data))
+    return found
+
+
+def _add_link(found: _Found, how: str, link: str) -> None:
+    try:
+        found.paths.append((how, _link(link)))
+    except (FileNotFoundError, ProcessLookupError):
+        pass  # a kernel thread has no executable, a zombie no links; a descriptor closed meanwhile
+    except OSError:
+        found.complete = False
+
+
+def _link(path: str) -> str:
+    target = os.readlink(path)
+    return target[: -len(_DELETED)] if target.endswith(_DELETED) else target
+
+
+def _read(path: str, limit: int) -> Tuple[bytes, bool]:
+    """Up to ``limit`` bytes of a ``/proc`` file, and whether that was all of it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        chunks: List[bytes] = []
+        size = 0
+        while size <= limit:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return b"".join(chunks), True
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)[:limit], False
+    finally:
+        os.close(fd)
+
+
+def _mapped_paths(data: bytes) -> List[str]:
+    """The files of a ``maps`` listing: the sixth field, where it is a path."""
+    paths: List[str] = []
+    for line in data.split(b"\n"):
+        fields = line.split(None, 5)
+        if len(fields) == 6 and fields[5].startswith(b"/"):
+            path = os.fsdecode(fields[5])
+            paths.append(path[: -len(_DELETED)] if path.endswith(_DELETED) else path)
+    return paths
+
+
+def _environment_paths(data: bytes) -> List[str]:
+    """Every absolute path an environment's values name, a ``:``-separated list part by part."""
+    paths: List[str] = []
+    for record in data.split(b"\0"):
+        _name, sep, value = record.partition(b"=")
+        if sep:
+            paths.extend(os.fsdecode(part) for part in value.split(b":") if part.startswith(b"/"))
+    return paths
+
+
+def _spellings(tree: str) -> Tuple[str, ...]:
+    """The tree's path as given and as the kernel names it (symlinks on the way resolved)."""
+    given = os.path.normpath(tree)
+    return tuple(dict.fromkeys((given, os.path.realpath(given))))
+
+
+def _inside(path: str, spellings: Tuple[str, ...]) -> bool:
+    path = os.path.normpath(path)
+    return any(path == tree or path.startswith(tree + "/") for tree in spellings)
+
+
+def _user(uid: int) -> str:
+    try:
+        import pwd  # noqa: PLC0415 (a user name only for a process that uses a tree)
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return str(uid)
