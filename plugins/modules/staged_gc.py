@@ -43,6 +43,15 @@ attributes:
     support: full
     description: When run twice with the same arguments, the second run reports no change.
 options:
+  squeue:
+    description:
+      - Ask C(squeue) on the target host which Slurm jobs run. When it answers for every job
+        (as root, or where C(PrivateData) does not hide other users' jobs), a previous tree is
+        kept exactly while a running job started before it was swapped out, and the grace
+        period plays no part. When it does not answer, or this is V(false), the grace period
+        decides; RV(slurm) says which.
+    type: bool
+    default: true
   grace_hours:
     description:
       - How long, in hours, a previous tree is kept after its run last changed state. Set it to
@@ -146,6 +155,16 @@ processes:
     unreadable: 0
     as_uid: 0
     seen: "every process of this node's pid namespace"
+slurm:
+  description:
+    - Whether C(squeue) answered (C(answered)) and for how many running jobs (C(running)), or
+      why not (C(why)), and then that the grace period decided (C(fallback)).
+  returned: success
+  type: dict
+  sample:
+    answered: false
+    why: squeue not found on PATH
+    fallback: grace period
 grace_hours:
   description: The grace period, in hours, that this run applied.
   returned: success
@@ -171,7 +190,11 @@ from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(module_support.common_arguments(), grace_hours={"type": "float"}),
+        argument_spec=dict(
+            module_support.common_arguments(),
+            grace_hours={"type": "float"},
+            squeue={"type": "bool", "default": True},
+        ),
         supports_check_mode=True,
     )
     params = module.params
@@ -182,6 +205,7 @@ def main():
             settings.lock_timeout(params),
             dry_run=dry_run,
             trees=module_support.host_trees(os.environ),
+            squeue_environ=os.environ if params["squeue"] else None,
         ),
         module.check_mode,
     )

@@ -93,6 +93,11 @@ def build_parser():
         help=f"hours a replaced tree is kept (default: ${settings.GRACE_HOURS_VARIABLE}, else 144)",
     )
     collect.add_argument("--dry-run", action="store_true")
+    collect.add_argument(
+        "--no-squeue",
+        action="store_true",
+        help="do not ask squeue which jobs run: keep every tree for the grace period",
+    )
     _tree_arguments(collect, _CHECKED)
     collect.set_defaults(func=cmd_gc)
 
@@ -177,6 +182,7 @@ def cmd_gc(args):
         settings.lock_timeout(vars(args)),
         dry_run=args.dry_run,
         trees=_trees(args),
+        squeue_environ=None if args.no_squeue else os.environ,
     )
 
 

@@ -22,9 +22,21 @@ import os
 from typing import Any, Dict, List, Set
 
 from ..common import errors
-from . import fsutil, inuse, modulefile, settings
+from . import fsutil, inuse, modulefile, runningjobs, settings
 from . import journal as journals
-from .journal import RunKind, RunState
+from .journal import RunKind, RunState, StepKind
+
+# The steps that exchange a tree with its sibling: a job that started before the last of them
+# may hold the tree that is the sibling now.
+_EXCHANGES = frozenset(
+    (
+        StepKind.SWAP,
+        StepKind.FALLBACK_LIVE_TO_HOLD,
+        StepKind.FALLBACK_STAGED_TO_LIVE,
+        StepKind.FALLBACK_HOLD_TO_STAGED,
+        StepKind.ROLLBACK_SWAP,
+    )
+)
 
 
 def _parse(stamp):
@@ -93,10 +105,10 @@ def _kept_in_use(path, run_id, processes) -> dict:
     }
 
 
-def _collect_siblings(journal, now, grace, *, dry_run, report, usage):
+def _collect_siblings(journal, old_enough, *, dry_run, report, usage, running):
     """Remove (or, in a dry run, list) the hidden siblings one publish run recorded."""
-    old_enough = _elapsed(journal, now, grace)
     software = journal.trees.software
+    kept_any = False
     for entry in journal.modules:
         sibling = entry.retired_path
         if not os.path.lexists(sibling):
@@ -108,12 +120,10 @@ def _collect_siblings(journal, now, grace, *, dry_run, report, usage):
             )
         fsutil.refuse_symlink_components(sibling, stop_at=software)
         _require_left_by_the_run(journal, entry)
-        users = usage.users.get(sibling)
-        if users:
-            report["kept"].append(_kept_in_use(sibling, journal.run_id, users))
-            continue
-        if not old_enough:
-            report["kept"].append({"path": sibling, "run_id": journal.run_id, "why": "grace period"})
+        kept = _why_kept(journal, entry, old_enough, usage, running)
+        if kept is not None:
+            report["kept"].append(kept)
+            kept_any = True
             continue
         if not dry_run:
             # A fault point (``faults.Faults``) before each removal, as before every write of a run.
@@ -125,9 +135,58 @@ def _collect_siblings(journal, now, grace, *, dry_run, report, usage):
         if os.path.isdir(generation):
             report["kept"].append(_kept_in_use(generation, journal.run_id, usage.users[generation]))
         return
-    if old_enough and not dry_run and os.path.isdir(generation) and not os.path.islink(generation):
+    may_go = not kept_any and (old_enough or running.known)
+    if may_go and not dry_run and os.path.isdir(generation) and not os.path.islink(generation):
         journal.faults.before("gc remove " + os.path.relpath(generation, software))
         fsutil.remove_tree(generation, root=software)
+
+
+def _why_kept(journal, entry, old_enough, usage, running):
+    """The kept entry of a sibling that stays, or None when it may go: a process of this node
+    uses it; else, when Slurm answered, a running job started before it was swapped out;
+    else, when Slurm did not, the grace period."""
+    users = usage.users.get(entry.retired_path)
+    if users:
+        return _kept_in_use(entry.retired_path, journal.run_id, users)
+    if running.known:
+        swapped = retired_at(journal, entry.module)
+        jobs = running.started_before(swapped) if swapped is not None else []
+        if not jobs:
+            return None
+        return {
+            "path": entry.retired_path,
+            "run_id": journal.run_id,
+            "why": _jobs_reason(jobs),
+            "jobs": [
+                {
+                    "job_id": job.job_id,
+                    "started": job.started.isoformat(),
+                    "user": job.user,
+                    "nodes": job.nodes,
+                }
+                for job in jobs
+            ],
+        }
+    if not old_enough:
+        return {"path": entry.retired_path, "run_id": journal.run_id, "why": "grace period"}
+    return None
+
+
+def retired_at(journal, module):
+    """When ``module``'s sibling last changed places with the live tree (a swap, the fallback's
+    renames, a rollback's swap back), or None when it never did (it holds an unpublished stage)."""
+    moments = [
+        _parse(step.at)
+        for step in journal.run.steps
+        if step.step.module == module and step.step.kind in _EXCHANGES
+    ]
+    return max(moments) if moments else None
+
+
+def _jobs_reason(jobs) -> str:
+    """``2 running jobs started before the swap (4242, 4243)``."""
+    noun = "job" if len(jobs) == 1 else "jobs"
+    return f"{len(jobs)} running {noun} started before the swap ({', '.join(job.job_id for job in jobs)})"
 
 
 def _require_left_by_the_run(journal, entry):
@@ -156,8 +215,16 @@ def _report_retired(journal, roots, now, grace, report):
         report["manual"].append({"path": software_dir, "run_id": journal.run_id, "why": why})
 
 
-def gc(state_root, grace_hours=settings.DEFAULT_GRACE_HOURS, dry_run=False, now=None, trees=None):
-    """Collect the runs of ``state_root``; ``trees`` (when given) are the only trees they may name."""
+def gc(  # noqa: PLR0917 - the command line's options
+    state_root,
+    grace_hours=settings.DEFAULT_GRACE_HOURS,
+    dry_run=False,
+    now=None,
+    trees=None,
+    running=runningjobs.NOT_ASKED,
+):
+    """Collect the runs of ``state_root``; ``trees`` (when given) are the only trees they may
+    name; ``running`` is Slurm's answer (``runningjobs.running_jobs``), or why there is none."""
     now = now or datetime.datetime.now(datetime.timezone.utc)
     grace = datetime.timedelta(hours=grace_hours)
     runs = journals.run_journals(state_root)
@@ -174,6 +241,7 @@ def gc(state_root, grace_hours=settings.DEFAULT_GRACE_HOURS, dry_run=False, now=
     }
     usage = inuse.scan(_candidates(runs))
     report["processes"] = usage.summary()
+    report["slurm"] = running.summary()
     for journal in runs:
         if journal.state in journals.INTERRUPTED:
             command = "rollback " + journal.run_id if journal.run.kind is RunKind.RETIRE else "resume"
@@ -185,7 +253,14 @@ def gc(state_root, grace_hours=settings.DEFAULT_GRACE_HOURS, dry_run=False, now=
                 }
             )
         elif journal.run.kind is RunKind.PUBLISH:
-            _collect_siblings(journal, now, grace, dry_run=dry_run, report=report, usage=usage)
+            _collect_siblings(
+                journal,
+                _elapsed(journal, now, grace),
+                dry_run=dry_run,
+                report=report,
+                usage=usage,
+                running=running,
+            )
     roots = _tracked_roots(runs)
     for journal in runs:
         if journal.run.kind is RunKind.RETIRE and journal.state is RunState.RETIRED:

@@ -119,7 +119,7 @@ def test_text_output_prints_keys_lists_and_scalars_as_lines(site, capsys):
 def test_text_output_of_gc_names_each_list_and_the_change(site, capsys):
     (site.state_root / "runs").mkdir(parents=True)
 
-    code = _main(site, "gc")
+    code = _main(site, "gc", "--no-squeue")
 
     assert code == 0
     uid = os.geteuid()
@@ -128,6 +128,7 @@ def test_text_output_of_gc_names_each_list_and_the_change(site, capsys):
         "removed:\nkept:\nmanual:\ninterrupted:\nincomplete:\n"
         f'processes: {{"as_uid": {uid}, "scanned": 0, '
         f'"seen": "{seen} of this node\'s pid namespace", "unreadable": 0}}\n'
+        'slurm: {"answered": false, "fallback": "grace period", "why": "not asked (--no-squeue)"}\n'
         "changed: False\ndry_run: False\ngrace_hours: 144.0\n"
     )
 

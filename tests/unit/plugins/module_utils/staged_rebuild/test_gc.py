@@ -426,6 +426,7 @@ def test_a_state_root_without_runs_reports_nothing(site):
             if os.geteuid() == 0
             else f"only the processes of uid {os.geteuid()} of this node's pid namespace",
         },
+        "slurm": {"answered": False, "why": "not asked (--no-squeue)", "fallback": "grace period"},
         "changed": False,
         "dry_run": False,
         "grace_hours": settings.DEFAULT_GRACE_HOURS,
