@@ -43,6 +43,16 @@ attributes:
     support: full
     description: When run twice with the same arguments, the second run reports no change.
 options:
+  fleet_answers:
+    description:
+      - What M(hpcstack.ops.staged_in_use) answered on the other hosts that may use the trees
+        (the compute nodes) - each host's name mapped to the C(in_use) it returned,
+        or to anything else (V(null), an empty string) for a host that did not answer.
+      - A tree that a process on any of them uses is kept, with the host named. A host that
+        did not answer keeps every tree (RV(fleet)), so that no tree goes while a host that may
+        use it cannot be asked.
+      - The fleet mode of the C(hpcstack.ops.gc) playbook fills it.
+    type: dict
   squeue:
     description:
       - Ask C(squeue) on the target host which Slurm jobs run. When it answers for every job
@@ -155,6 +165,21 @@ processes:
     unreadable: 0
     as_uid: 0
     seen: "every process of this node's pid namespace"
+candidates:
+  description:
+    - The old trees gc considered - the recorded siblings of finished runs that exist - for
+      M(hpcstack.ops.staged_in_use) to look for on other hosts.
+  returned: success
+  type: list
+  elements: str
+  sample: [/apps/software/TinyApp/.1.0.20261201T053043Z-89e721]
+fleet:
+  description:
+    - With O(fleet_answers), the hosts that did not answer (C(unanswered)); any keeps every tree.
+  returned: when O(fleet_answers) is given
+  type: dict
+  sample:
+    unanswered: [n3]
 slurm:
   description:
     - Whether C(squeue) answered (C(answered)) and for how many running jobs (C(running)), or
@@ -183,6 +208,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import (
     commands,
+    inuse,
     module_support,
     settings,
 )
@@ -194,6 +220,7 @@ def main():
             module_support.common_arguments(),
             grace_hours={"type": "float"},
             squeue={"type": "bool", "default": True},
+            fleet_answers={"type": "dict"},
         ),
         supports_check_mode=True,
     )
@@ -206,6 +233,9 @@ def main():
             dry_run=dry_run,
             trees=module_support.host_trees(os.environ),
             squeue_environ=os.environ if params["squeue"] else None,
+            fleet=None
+            if params["fleet_answers"] is None
+            else inuse.Fleet.from_answers(params["fleet_answers"]),
         ),
         module.check_mode,
     )

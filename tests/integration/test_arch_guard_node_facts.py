@@ -60,16 +60,6 @@ def _fresh(site: GuardSite, node, driver: str | None, modules) -> dict:
     )
 
 
-def _repaired(site: GuardSite, job: dict, mode: str) -> dict:
-    if mode == "prolog":
-        run, task = site.as_prolog(job)
-        assert run.returncode == 0, run.stderr
-        return task
-    script = site.in_job_script(job)
-    assert script.returncode == 0, script.stderr
-    return script.env
-
-
 def _assert_like(task: dict, fresh: dict) -> None:
     for name in COMPARED:
         assert task.get(name) == fresh.get(name), name
@@ -81,7 +71,7 @@ def test_a_gpu_job_from_a_login_node_with_an_old_driver_gets_this_node_s_driver_
     assert login[FACT] == "11.4"
     job = dict(login, **_node(site, ICELAKE_GPU, "12.2"))
 
-    task = _repaired(site, job, mode)
+    task = site.repaired(job, mode)
 
     fresh = _fresh(site, ICELAKE_GPU, "12.2", GPU_MODULES)
     assert fresh[FACT] == "12.2"
@@ -97,7 +87,7 @@ def test_a_job_from_a_gpu_node_onto_a_node_without_gpu_loses_the_driver_version(
     assert "GpuKit/1.0" not in login["LOADEDMODULES"]
     job = dict(login, **_node(site, ZEN3))
 
-    task = _repaired(site, job, mode)
+    task = site.repaired(job, mode)
 
     fresh = _fresh(site, ZEN3, None, eessilike.USER_MODULES)
     assert FACT not in fresh

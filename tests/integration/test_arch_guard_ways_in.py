@@ -78,16 +78,6 @@ def _job(site: GuardSite, login: dict, node=COMPUTE) -> dict:
     return dict(login, **site.prefix.node_env(*node))
 
 
-def _repaired(site: GuardSite, job: dict, mode: str) -> dict:
-    if mode == "prolog":
-        run, task = site.as_prolog(job)
-        assert run.returncode == 0, run.stderr
-        return task
-    script = site.in_job_script(job)
-    assert script.returncode == 0, script.stderr
-    return {name: value for name, value in script.env.items() if name not in ("SHLVL", "_", "PWD")}
-
-
 def _assert_like(task: dict, fresh: dict, names=COMPARED) -> None:
     for name in names:
         assert task.get(name) == fresh.get(name), name
@@ -109,7 +99,7 @@ def test_eessi_started_by_init_lmod_bash_is_reloaded_as_the_default_module_it_is
     assert login["__EESSI_VERSION_USED_FOR_INIT"] == site.prefix.version
     assert login["EESSI_SOFTWARE_SUBDIR"] == LOGIN[0]
 
-    task = _repaired(site, _job(site, login), mode)
+    task = site.repaired(_job(site, login), mode)
 
     fresh = _shell(site, COMPUTE, _lmod_init(site))
     assert fresh["EESSI_SOFTWARE_SUBDIR"] == COMPUTE[0]
@@ -139,7 +129,7 @@ def test_eessi_started_by_init_bash_is_left_as_it_is_and_the_message_names_the_w
     assert login["LOADEDMODULES"] == USER_MODULE  # no EESSI module
     job = _job(site, login)
 
-    task = _repaired(site, job, mode)
+    task = site.repaired(job, mode)
 
     # What the task would need, and does not get: the guard cannot redo a sourced script.
     fresh = _shell(site, COMPUTE, _init_bash(site))
@@ -188,7 +178,7 @@ def test_a_cpu_override_from_the_login_node_is_respected_as_a_fresh_load_respect
     login = _shell(site, LOGIN, _module_load(site, site.prefix.module, USER_MODULE), settings)
     job = _job(site, login)
 
-    task = _repaired(site, job, mode)
+    task = site.repaired(job, mode)
 
     fresh = _shell(site, COMPUTE, _module_load(site, site.prefix.module, USER_MODULE), settings)
     assert fresh["EESSI_SOFTWARE_SUBDIR"] == LOGIN[0]  # the override wins on this node too
@@ -244,7 +234,7 @@ def test_an_accelerator_override_is_kept_through_a_reload_for_another_cpu(site, 
     login = _shell(site, LOGIN, _module_load(site, site.prefix.module, USER_MODULE), settings)
     assert login["EESSI_ACCEL_SUBDIR"] == GPU
 
-    task = _repaired(site, _job(site, login, GPU_COMPUTE), mode)
+    task = site.repaired(_job(site, login, GPU_COMPUTE), mode)
 
     fresh = _shell(site, GPU_COMPUTE, _module_load(site, site.prefix.module, USER_MODULE), settings)
     _assert_like(task, fresh)
@@ -277,7 +267,7 @@ def test_a_sticky_or_family_eessi_module_is_reloaded_and_stays_so(site, setting,
     login = _shell(site, LOGIN, _module_load(site, site.prefix.module, USER_MODULE), settings)
     assert login["EESSI_SOFTWARE_SUBDIR"] == LOGIN[0]
 
-    task = _repaired(site, _job(site, login), mode)
+    task = site.repaired(_job(site, login), mode)
 
     fresh = _shell(site, COMPUTE, _module_load(site, site.prefix.module, USER_MODULE), settings)
     assert fresh["EESSI_SOFTWARE_SUBDIR"] == COMPUTE[0]

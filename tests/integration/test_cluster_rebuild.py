@@ -17,6 +17,7 @@ what ``probe`` predicted.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 import uuid
@@ -175,15 +176,20 @@ class Job:
             time.sleep(0.05)
 
     def stop(self) -> dict:
-        self.stop_file.touch()
-        try:
-            self.process.wait(timeout=JOB_TIMEOUT)
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
-                self.process.wait()
-            self.process.stderr.close()
+        end_job(self.process, self.stop_file)
         return json.loads(self.report.read_text())
+
+
+def end_job(process: subprocess.Popen, stop_file: Path) -> None:
+    """Ask a job's program to stop (its stop file), wait for its srun, kill it if need be."""
+    stop_file.touch()
+    try:
+        process.wait(timeout=JOB_TIMEOUT)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        process.stderr.close()
 
 
 @pytest.fixture(scope="module")
@@ -258,3 +264,116 @@ def test_a_publish_on_the_shared_filesystem_is_what_probe_said_to_a_running_job(
     if probed["exchange"]:
         assert counts.get("missing", 0) == 0, seen
     assert set(counts) <= {tinypkgs.GREETING, NEW_GREETING, "missing"}, seen
+
+
+# Holds a file of the live tree open and runs the tree's program in a loop, as a job does,
+# until the stop file exists; writes its SLURM_JOB_ID to the ready file once the file is open.
+HOLDER = """
+import os, pathlib, subprocess, sys, time
+held = open(sys.argv[1], "rb")
+stop, ready = pathlib.Path(sys.argv[3]), pathlib.Path(sys.argv[4])
+ready.write_text(os.environ["SLURM_JOB_ID"])
+while not stop.exists():
+    subprocess.run([sys.argv[2]], stdout=subprocess.DEVNULL, check=False)
+    time.sleep(0.1)
+"""
+COMPUTE_NODES = ("c1", "c2", "c3")
+
+
+class HoldingJob:
+    """A Slurm job on the compute node that keeps a file of the live tree open."""
+
+    def __init__(self, cluster, live: LiveTree, held: str) -> None:
+        self.stop_file = live.scratch / "holder.stop"
+        ready = live.scratch / "holder.ready"
+        program = f"{live.installpath}/software/{APP}/bin/tinyapp"
+        argv = ["srun", "-N1", "-w", JOB_NODE, "--chdir=/", "/usr/bin/python3", "-c", HOLDER,
+                held, program, str(self.stop_file), str(ready)]  # fmt: skip
+        self.process = cluster.node("login").popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while not (ready.exists() and ready.read_text()):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.process.kill()
+                _out, said = self.process.communicate()
+                raise AssertionError(f"the holding job never started: {said}")
+            time.sleep(0.05)
+        self.job_id = ready.read_text()
+
+    def stop(self) -> None:
+        end_job(self.process, self.stop_file)
+
+
+def _fleet_gc(live: LiveTree, inventory: Path, *extra: str):
+    variables = {
+        "staged_hosts": "build_hosts",
+        "staged_state_root": live.state_root,
+        "staged_fleet_group": "compute",
+        "staged_grace_hours": 0,
+        "staged_squeue": False,
+    }
+    return live.plays.run("gc", "-e", json.dumps(variables), *extra, inventory=str(inventory))
+
+
+def _report_lines(play) -> list:
+    """The fleet report's lines, as the playbook's last task prints them."""
+    found = re.search(r'"msg": \[(.*?)\]', play.stdout, re.S)
+    assert found, play.output
+    return [line.strip().strip('",') for line in found.group(1).splitlines() if line.strip()]
+
+
+def test_fleet_gc_keeps_the_tree_a_job_on_a_compute_node_holds_and_removes_it_once_the_job_ends(
+    prepared, cluster
+):
+    live = prepared
+    inventory = cluster.inventory(
+        {"build_hosts": [BUILD_NODE], "compute": list(COMPUTE_NODES)}, path=live.scratch / "fleet.yml"
+    )
+    # The same fleet with one more compute node that cannot be reached (nothing listens there).
+    fleet = json.loads(inventory.read_text())
+    fleet["all"]["children"]["compute"]["hosts"]["dead1"] = {"ansible_host": "127.0.0.1", "ansible_port": 1}
+    with_dead = live.scratch / "fleet-dead.yml"
+    with_dead.write_text(json.dumps(fleet))
+    held = f"{live.installpath}/software/{LIB}/share/tinylib/greeting.txt"
+    job = HoldingJob(cluster, live, held)
+    try:
+        published = live.rebuild(tinypkgs.write_packages(live.scratch / "gen-fleet", greeting="held"))
+        assert published.failed == 0, published.output
+        siblings = live.build.run(["ls", "-a", f"{live.installpath}/software/{tinypkgs.LIB}"]).stdout.split()
+        (retired,) = [
+            f"{live.installpath}/software/{tinypkgs.LIB}/{name}"
+            for name in siblings
+            if name.startswith(".1.0.")
+        ]
+
+        held_play = _fleet_gc(live, inventory)
+    finally:
+        job.stop()
+
+    assert held_play.failed == 0, held_play.output
+    lines = _report_lines(held_play)
+    (kept,) = [line for line in lines if line.startswith(f"kept {retired}:")]
+    assert f"in use on {JOB_NODE} by 1 process" in kept, lines
+    assert f"jobs {job.job_id}" in kept, lines
+    assert live.build.run(["test", "-d", retired], check=False).returncode == 0
+
+    unanswered = _fleet_gc(live, with_dead)
+    checked = _fleet_gc(live, inventory, "--check")
+
+    assert unanswered.failed == 0, unanswered.output
+    assert f"kept {retired}: no answer from dead1: every tree is kept" in _report_lines(unanswered)
+    assert "no answer from dead1: every tree is kept" in _report_lines(unanswered)
+    assert f"removed {retired}" in _report_lines(checked)
+    assert live.build.run(["test", "-d", retired], check=False).returncode == 0, "check mode removed it"
+
+    removed = _fleet_gc(live, inventory)
+    again = _fleet_gc(live, inventory)
+
+    assert removed.failed == 0, removed.output
+    assert f"removed {retired}" in _report_lines(removed)
+    assert removed.recap[BUILD_NODE][1] == 1, removed.output  # the one change: the removal
+    assert live.build.run(["test", "-e", retired], check=False).returncode == 1
+    assert again.failed == 0, again.output
+    assert again.recap[BUILD_NODE][1] == 0, again.output
+    assert not any(line.startswith("removed ") for line in _report_lines(again))

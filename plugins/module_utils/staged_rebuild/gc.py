@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
-from typing import Any, Dict, List, Set
+from typing import Any, Dict, List, Optional, Set
 
 from ..common import errors
 from . import fsutil, inuse, modulefile, runningjobs, settings
@@ -77,35 +77,64 @@ def _tracked_roots(runs):
     return roots
 
 
-def _candidates(runs) -> List[str]:
-    """What gc may remove: every recorded sibling that exists and each run's build area."""
-    found: List[str] = []
-    for journal in runs:
-        if journal.run.kind is RunKind.PUBLISH and journal.state not in journals.INTERRUPTED:
-            siblings = (entry.retired_path for entry in journal.modules)
-            found.extend(sibling for sibling in siblings if os.path.lexists(sibling))
-            found.append(journal.trees.generation(journal.run_id))
-    return found
+def _collectable(runs) -> List[journals.Journal]:
+    return [
+        journal
+        for journal in runs
+        if journal.run.kind is RunKind.PUBLISH and journal.state not in journals.INTERRUPTED
+    ]
+
+
+def retired_trees(runs) -> List[str]:
+    """The old trees gc may remove: every recorded sibling of a finished publish run that exists."""
+    siblings = (entry.retired_path for journal in _collectable(runs) for entry in journal.modules)
+    return [sibling for sibling in siblings if os.path.lexists(sibling)]
 
 
 def in_use_reason(processes) -> str:
-    """``in use by 2 processes (pids 12, 34; users alice, bob)``."""
+    """``in use by 2 processes (pids 12, 34; users alice, bob; jobs 4242)``, the jobs where
+    the processes' environments name them."""
     pids = ", ".join(str(process.pid) for process in processes)
     users = ", ".join(sorted({process.user for process in processes}))
+    jobs = ", ".join(sorted({process.job_id for process in processes if process.job_id}))
     noun = "process" if len(processes) == 1 else "processes"
-    return f"in use by {len(processes)} {noun} (pids {pids}; users {users})"
+    return f"in use by {len(processes)} {noun} (pids {pids}; users {users}{'; jobs ' + jobs if jobs else ''})"
 
 
-def _kept_in_use(path, run_id, processes) -> dict:
+def _kept_in_use(path, run_id, processes, host=None) -> Dict[str, Any]:
+    """A tree kept by processes of this host (``host`` None: its node name in the report) or
+    of ``host``."""
+    where = f" on {host}" if host else ""
     return {
         "path": path,
         "run_id": run_id,
-        "why": in_use_reason(processes),
-        "processes": [dataclasses.asdict(process) for process in processes],
+        "why": in_use_reason(processes).replace("in use by", f"in use{where} by", 1),
+        "processes": [
+            dict(dataclasses.asdict(process), host=host or os.uname().nodename) for process in processes
+        ],
     }
 
 
-def _collect_siblings(journal, old_enough, *, dry_run, report, usage, running):
+def _kept_elsewhere(path, run_id, fleet) -> Optional[Dict[str, Any]]:
+    """The kept entry of a tree that the fleet's answers keep, or None: any host that did not
+    answer keeps every tree; else the processes that use it on other hosts do."""
+    if fleet.unanswered:
+        return {
+            "path": path,
+            "run_id": run_id,
+            "why": f"no answer from {', '.join(fleet.unanswered)}: every tree is kept",
+            "unanswered": list(fleet.unanswered),
+        }
+    found = fleet.users.get(path)
+    if not found:
+        return None
+    where = ", ".join(sorted({host for host, _process in found}))
+    entry = _kept_in_use(path, run_id, [process for _host, process in found], host=where)
+    entry["processes"] = [dict(dataclasses.asdict(process), host=host) for host, process in found]
+    return entry
+
+
+def _collect_siblings(journal, old_enough, *, dry_run, report, usage, running, fleet):
     """Remove (or, in a dry run, list) the hidden siblings one publish run recorded."""
     software = journal.trees.software
     kept_any = False
@@ -120,7 +149,7 @@ def _collect_siblings(journal, old_enough, *, dry_run, report, usage, running):
             )
         fsutil.refuse_symlink_components(sibling, stop_at=software)
         _require_left_by_the_run(journal, entry)
-        kept = _why_kept(journal, entry, old_enough, usage, running)
+        kept = _why_kept(journal, entry, old_enough, usage, running, fleet)
         if kept is not None:
             report["kept"].append(kept)
             kept_any = True
@@ -141,13 +170,18 @@ def _collect_siblings(journal, old_enough, *, dry_run, report, usage, running):
         fsutil.remove_tree(generation, root=software)
 
 
-def _why_kept(journal, entry, old_enough, usage, running):
+def _why_kept(journal, entry, old_enough, usage, running, fleet):  # noqa: PLR0917 - one sibling's facts
     """The kept entry of a sibling that stays, or None when it may go: a process of this node
-    uses it; else, when Slurm answered, a running job started before it was swapped out;
-    else, when Slurm did not, the grace period."""
+    uses it; else one of another host of the fleet (when asked), or a host did not answer;
+    else, when Slurm answered, a running job started before it was swapped out; else, when
+    Slurm did not, the grace period."""
     users = usage.users.get(entry.retired_path)
     if users:
         return _kept_in_use(entry.retired_path, journal.run_id, users)
+    if fleet is not None:
+        elsewhere = _kept_elsewhere(entry.retired_path, journal.run_id, fleet)
+        if elsewhere is not None:
+            return elsewhere
     if running.known:
         swapped = retired_at(journal, entry.module)
         jobs = running.started_before(swapped) if swapped is not None else []
@@ -222,9 +256,11 @@ def gc(  # noqa: PLR0917 - the command line's options
     now=None,
     trees=None,
     running=runningjobs.NOT_ASKED,
+    fleet=None,
 ):
     """Collect the runs of ``state_root``; ``trees`` (when given) are the only trees they may
-    name; ``running`` is Slurm's answer (``runningjobs.running_jobs``), or why there is none."""
+    name; ``running`` is Slurm's answer (``runningjobs.running_jobs``), or why there is none;
+    ``fleet`` (``inuse.Fleet``), what the other hosts' scans answered."""
     now = now or datetime.datetime.now(datetime.timezone.utc)
     grace = datetime.timedelta(hours=grace_hours)
     runs = journals.run_journals(state_root)
@@ -239,9 +275,16 @@ def gc(  # noqa: PLR0917 - the command line's options
         # them was published); the administrator removes them.
         "incomplete": journals.incomplete(state_root),
     }
-    usage = inuse.scan(_candidates(runs))
+    candidates = retired_trees(runs)
+    # Each run's build area too: it goes with the run's siblings unless a process uses it.
+    usage = inuse.scan(
+        candidates + [journal.trees.generation(journal.run_id) for journal in _collectable(runs)]
+    )
+    report["candidates"] = candidates
     report["processes"] = usage.summary()
     report["slurm"] = running.summary()
+    if fleet is not None:
+        report["fleet"] = {"unanswered": list(fleet.unanswered)}
     for journal in runs:
         if journal.state in journals.INTERRUPTED:
             command = "rollback " + journal.run_id if journal.run.kind is RunKind.RETIRE else "resume"
@@ -260,6 +303,7 @@ def gc(  # noqa: PLR0917 - the command line's options
                 report=report,
                 usage=usage,
                 running=running,
+                fleet=fleet,
             )
     roots = _tracked_roots(runs)
     for journal in runs:

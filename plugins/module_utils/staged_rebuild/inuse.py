@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 PROC = "/proc"
 LINKS = ("exe", "cwd", "root")
@@ -34,13 +34,28 @@ _DELETED = " (deleted)"
 
 @dataclasses.dataclass(frozen=True)
 class Process:
-    """A process that uses a tree, and how (``exe``, ``cwd``, ``root``, ``fd``, ``maps``, ``environ``)."""
+    """A process that uses a tree, and how (``exe``, ``cwd``, ``root``, ``fd``, ``maps``,
+    ``environ``); ``job_id`` is its ``SLURM_JOB_ID`` where its environment could be read."""
 
     pid: int
     uid: int
     user: str
     command: str
     uses: Tuple[str, ...]
+    job_id: Optional[str] = None
+
+    @classmethod
+    def from_dict(cls, record: Mapping) -> Process:
+        """A process as another host's scan reported it (``dataclasses.asdict``); KeyError or
+        TypeError or ValueError for a record that is not one."""
+        return cls(
+            pid=int(record["pid"]),
+            uid=int(record["uid"]),
+            user=str(record["user"]),
+            command=str(record["command"]),
+            uses=tuple(str(how) for how in record["uses"]),
+            job_id=None if record.get("job_id") is None else str(record["job_id"]),
+        )
 
 
 @dataclasses.dataclass
@@ -92,7 +107,8 @@ def scan(trees: Sequence[str], proc: str = PROC) -> Scan:
         for tree, spellings in targets.items():
             uses = tuple(sorted({how for how, path in found.paths if _inside(path, spellings)}))
             if uses:
-                users[tree].append(Process(int(entry), found.uid, _user(found.uid), found.command, uses))
+                process = Process(int(entry), found.uid, _user(found.uid), found.command, uses, found.job_id)
+                users[tree].append(process)
     return Scan(users, scanned, unreadable, os.geteuid())
 
 
@@ -102,6 +118,7 @@ class _Found:
     command: str
     paths: List[Tuple[str, str]]
     complete: bool
+    job_id: Optional[str] = None
 
 
 def _read_process(directory: str) -> Optional[_Found]:
@@ -135,6 +152,8 @@ def _read_process(directory: str) -> Optional[_Found]:
             continue
         found.complete = found.complete and whole
         found.paths.extend((name, path) for path in parse(data))
+        if name == "environ":
+            found.job_id = _job_id(data)
     return found
 
 
@@ -190,6 +209,14 @@ def _environment_paths(data: bytes) -> List[str]:
     return paths
 
 
+def _job_id(environ: bytes) -> Optional[str]:
+    """The Slurm job a process belongs to: its environment's ``SLURM_JOB_ID``."""
+    for record in environ.split(b"\0"):
+        if record.startswith(b"SLURM_JOB_ID="):
+            return os.fsdecode(record[len(b"SLURM_JOB_ID=") :]) or None
+    return None
+
+
 def _spellings(tree: str) -> Tuple[str, ...]:
     """The tree's path as given and as the kernel names it (symlinks on the way resolved)."""
     given = os.path.normpath(tree)
@@ -208,3 +235,36 @@ def _user(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except (ImportError, KeyError):
         return str(uid)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fleet:
+    """What the scans of other hosts answered: who uses each tree on which host, and the
+    hosts that gave no answer (unreachable, failed, or answering something unreadable)."""
+
+    users: Dict[str, List[Tuple[str, Process]]]
+    unanswered: Tuple[str, ...]
+
+    @classmethod
+    def from_answers(cls, answers: Mapping[str, Optional[Mapping]]) -> Fleet:
+        """``answers``: host -> the ``in_use`` that host's scan returned (``{tree: [process
+        records]}``); anything else (None, "", a failed task's leftovers) is no answer."""
+        users: Dict[str, List[Tuple[str, Process]]] = {}
+        unanswered = []
+        for host in sorted(answers):
+            answer = answers[host]
+            found = None
+            if isinstance(answer, Mapping):
+                try:
+                    found = {
+                        str(tree): [Process.from_dict(record) for record in records]
+                        for tree, records in answer.items()
+                    }
+                except (AttributeError, KeyError, TypeError, ValueError):
+                    found = None
+            if found is None:
+                unanswered.append(host)
+                continue
+            for tree, processes in found.items():
+                users.setdefault(tree, []).extend((host, process) for process in processes)
+        return cls(users, tuple(unanswered))

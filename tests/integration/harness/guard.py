@@ -98,6 +98,17 @@ class GuardSite:
         guard = " ".join(shlex.quote(part) for part in self.guard_argv("--shell"))
         return eessilike.run_shell(self.lmod, env, f'eval "$({guard})" && {after}')
 
+    def repaired(self, env: dict, mode: str) -> dict:
+        """The task's environment after the guard, as the TaskProlog (``mode`` "prolog") or
+        by ``eval "$(guard --shell)"`` in a job script ("shell"); the guard must succeed."""
+        if mode == "prolog":
+            run, task = self.as_prolog(env)
+            assert run.returncode == 0, run.stderr
+            return task
+        script = self.in_job_script(env)
+        assert script.returncode == 0, script.stderr
+        return script.env
+
     def module_list(self, env: dict) -> list[str]:
         """``module -t list`` in a shell started from ``env``."""
         ran = eessilike.run_shell(self.lmod, env, "module -t list")

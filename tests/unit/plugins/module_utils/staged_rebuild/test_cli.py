@@ -125,7 +125,7 @@ def test_text_output_of_gc_names_each_list_and_the_change(site, capsys):
     uid = os.geteuid()
     seen = "every process" if uid == 0 else f"only the processes of uid {uid}"
     assert capsys.readouterr().out == (
-        "removed:\nkept:\nmanual:\ninterrupted:\nincomplete:\n"
+        "removed:\nkept:\nmanual:\ninterrupted:\nincomplete:\ncandidates:\n"
         f'processes: {{"as_uid": {uid}, "scanned": 0, '
         f'"seen": "{seen} of this node\'s pid namespace", "unreadable": 0}}\n'
         'slurm: {"answered": false, "fallback": "grace period", "why": "not asked (--no-squeue)"}\n'

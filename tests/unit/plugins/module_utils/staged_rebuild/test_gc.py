@@ -417,6 +417,7 @@ def test_a_state_root_without_runs_reports_nothing(site):
         "manual": [],
         "interrupted": [],
         "incomplete": [],
+        "candidates": [],
         # Nothing to look for: /proc is not read at all.
         "processes": {
             "scanned": 0,

@@ -1,0 +1,74 @@
+"""``gc`` with the other hosts' answers (``inuse.Fleet``): a tree another host's process uses
+stays, named with the host; a host that gave no answer keeps every tree; answers that name
+nothing let the tree go.
+
+The answers are what ``staged_in_use`` returns on a host (``tests/integration`` runs it for
+real over SSH on the cluster); here they are given as data, with real journals and trees.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import inuse
+from tests.unit.plugins.module_utils.staged_rebuild.test_gc import GRACE, T0, site  # noqa: F401 (fixture)
+
+PROCESS = {"pid": 4711, "uid": 1001, "user": "alice", "command": "tinyapp", "uses": ["fd"], "job_id": "4242"}
+
+
+def test_a_tree_a_process_of_another_host_uses_is_kept_and_names_the_host_and_job(site):  # noqa: F811
+    site.publish_run("run1")
+    sibling = str(site.sibling("TinyApp/1.0", "run1"))
+    fleet = inuse.Fleet.from_answers({"c1": {sibling: [PROCESS]}, "c2": {sibling: []}})
+
+    report = site.gc(now=T0 + GRACE, fleet=fleet)
+
+    assert report["removed"] == []
+    (kept,) = report["kept"]
+    assert kept["why"] == "in use on c1 by 1 process (pids 4711; users alice; jobs 4242)"
+    assert kept["processes"] == [dict(PROCESS, uses=("fd",), host="c1")]
+    assert site.sibling("TinyApp/1.0", "run1").is_dir()
+    assert report["fleet"] == {"unanswered": []}
+
+
+def test_a_host_that_did_not_answer_keeps_every_tree_and_is_named(site):  # noqa: F811
+    site.publish_run("run1")
+    site.publish_run("run2", "OtherApp/2.0")
+    fleet = inuse.Fleet.from_answers({"c1": {}, "c3": None})
+
+    report = site.gc(now=T0 + GRACE, fleet=fleet)
+
+    assert report["removed"] == []
+    assert [entry["why"] for entry in report["kept"]] == ["no answer from c3: every tree is kept"] * 2
+    assert report["fleet"] == {"unanswered": ["c3"]}
+
+
+def test_an_answer_that_is_not_a_list_of_processes_counts_as_no_answer(site):  # noqa: F811
+    site.publish_run("run1")
+    sibling = str(site.sibling("TinyApp/1.0", "run1"))
+    # c3: what the playbook gives for a host whose scan left no in_use (unreachable, failed).
+    fleet = inuse.Fleet.from_answers({"c1": {sibling: [{"pid": "not a number"}]}, "c2": "garbage", "c3": ""})
+
+    report = site.gc(now=T0 + GRACE, fleet=fleet)
+
+    assert fleet.unanswered == ("c1", "c2", "c3")
+    assert report["removed"] == []
+
+
+def test_answers_that_name_no_process_let_the_tree_go_after_the_grace_period(site):  # noqa: F811
+    site.publish_run("run1")
+    sibling = str(site.sibling("TinyApp/1.0", "run1"))
+    fleet = inuse.Fleet.from_answers({"c1": {sibling: []}, "c2": {}})
+
+    report = site.gc(now=T0 + GRACE, fleet=fleet)
+
+    assert report["removed"] == [{"path": sibling, "run_id": "run1"}]
+    assert not site.sibling("TinyApp/1.0", "run1").exists()
+
+
+def test_within_the_grace_period_the_fleet_answers_do_not_remove_anything(site):  # noqa: F811
+    site.publish_run("run1")
+    fleet = inuse.Fleet.from_answers({"c1": {}})
+
+    report = site.gc(now=T0, fleet=fleet)
+
+    assert report["removed"] == []
+    assert [entry["why"] for entry in report["kept"]] == ["grace period"]
