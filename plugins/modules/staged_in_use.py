@@ -23,6 +23,8 @@ description:
     another mount namespace names paths as its own root sees them.
 author:
   - hpcstack.ops maintainers (@hpcstack)
+extends_documentation_fragment:
+  - hpcstack.ops.staged_rebuild.attributes
 attributes:
   check_mode:
     support: full

@@ -39,6 +39,7 @@ READER = Path(__file__).resolve().parents[1] / "support" / "tree_reader.py"
 WHEELHOUSE = Path(stackenv.find_eb()).parent.parent / "wheelhouse"
 PREFIX = "/opt/hpcstack/eb-staged-rebuild"
 COMMAND = "/usr/local/bin/eb-staged-rebuild"
+SLURM_CONF = "/etc/slurm/slurm.conf"
 LIB = f"{tinypkgs.LIB}/{tinypkgs.VERSION}"
 APP = f"{tinypkgs.APP}/{tinypkgs.VERSION}"
 NEW_GREETING = "hello from TinyLib 1.0, rebuilt"
@@ -377,3 +378,68 @@ def test_fleet_gc_keeps_the_tree_a_job_on_a_compute_node_holds_and_removes_it_on
     assert again.failed == 0, again.output
     assert again.recap[BUILD_NODE][1] == 0, again.output
     assert not any(line.startswith("removed ") for line in _report_lines(again))
+
+
+class SleepJob:
+    """A ``sleep`` job on a compute node, submitted from the login node: it holds nothing of
+    the tree, so only gc's Slurm rule can keep a tree for it."""
+
+    def __init__(self, cluster, node: str) -> None:
+        self.login = cluster.node("login")
+        submitted = self.login.run(
+            ["sbatch", "--parsable", "-w", node, "--output=/dev/null", "--wrap", "sleep 600"]
+        )
+        self.job_id = submitted.stdout.strip().split(";")[0]
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while self.state() != "RUNNING":
+            if time.monotonic() > deadline:
+                self.cancel()
+                raise AssertionError(f"job {self.job_id} never ran")
+            time.sleep(0.1)
+
+    def state(self) -> str:
+        return self.login.run(["squeue", "-h", "-j", self.job_id, "-o", "%T"], check=False).stdout.strip()
+
+    def cancel(self) -> None:
+        self.login.run(["scancel", self.job_id], check=False)
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while self.state() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def test_fleet_gc_keeps_a_tree_for_a_job_that_started_before_the_swap_and_not_for_one_after(
+    prepared, cluster
+):
+    live = prepared
+    inventory = cluster.inventory(
+        {"build_hosts": [BUILD_NODE], "compute": list(COMPUTE_NODES)}, path=live.scratch / "fleet-slurm.yml"
+    )
+    # The build node asks the cluster's controller, as a build host that is a Slurm client does.
+    live.build.write(SLURM_CONF, cluster.controller.read(SLURM_CONF))  # the node's own /etc
+    lib_dir = f"{live.installpath}/software/{tinypkgs.LIB}"
+    earlier = set(live.build.run(["ls", "-a", lib_dir]).stdout.split())
+    before = SleepJob(cluster, "c2")
+    after = None
+    try:
+        time.sleep(1.2)  # squeue gives start times to the second
+        published = live.rebuild(tinypkgs.write_packages(live.scratch / "gen-slurm", greeting="slurm"))
+        assert published.failed == 0, published.output
+        names = set(live.build.run(["ls", "-a", lib_dir]).stdout.split()) - earlier
+        (retired,) = [f"{lib_dir}/{name}" for name in names if name.startswith(".1.0.")]
+
+        kept = _fleet_gc(live, inventory, "-e", "staged_squeue=true")
+        time.sleep(1.2)
+        after = SleepJob(cluster, "c3")
+        before.cancel()
+        removed = _fleet_gc(live, inventory, "-e", "staged_squeue=true")
+    finally:
+        before.cancel()
+        if after is not None:
+            after.cancel()
+        live.build.run(["rm", "-f", SLURM_CONF])
+
+    assert kept.failed == 0, kept.output
+    assert f"kept {retired}: 1 running job started before the swap ({before.job_id})" in _report_lines(kept)
+    assert removed.failed == 0, removed.output
+    assert f"removed {retired}" in _report_lines(removed), removed.output
+    assert live.build.run(["test", "-e", retired], check=False).returncode == 1

@@ -8,13 +8,21 @@ real over SSH on the cluster); here they are given as data, with real journals a
 
 from __future__ import annotations
 
+import pytest
+
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import inuse
-from tests.unit.plugins.module_utils.staged_rebuild.test_gc import GRACE, T0, site  # noqa: F401 (fixture)
+from tests.unit.plugins.module_utils.staged_rebuild.test_gc import GRACE, T0, Site
+
+
+@pytest.fixture
+def site(tmp_path):
+    return Site(tmp_path)
+
 
 PROCESS = {"pid": 4711, "uid": 1001, "user": "alice", "command": "tinyapp", "uses": ["fd"], "job_id": "4242"}
 
 
-def test_a_tree_a_process_of_another_host_uses_is_kept_and_names_the_host_and_job(site):  # noqa: F811
+def test_a_tree_a_process_of_another_host_uses_is_kept_and_names_the_host_and_job(site):
     site.publish_run("run1")
     sibling = str(site.sibling("TinyApp/1.0", "run1"))
     fleet = inuse.Fleet.from_answers({"c1": {sibling: [PROCESS]}, "c2": {sibling: []}})
@@ -29,7 +37,7 @@ def test_a_tree_a_process_of_another_host_uses_is_kept_and_names_the_host_and_jo
     assert report["fleet"] == {"unanswered": []}
 
 
-def test_a_host_that_did_not_answer_keeps_every_tree_and_is_named(site):  # noqa: F811
+def test_a_host_that_did_not_answer_keeps_every_tree_and_is_named(site):
     site.publish_run("run1")
     site.publish_run("run2", "OtherApp/2.0")
     fleet = inuse.Fleet.from_answers({"c1": {}, "c3": None})
@@ -41,7 +49,7 @@ def test_a_host_that_did_not_answer_keeps_every_tree_and_is_named(site):  # noqa
     assert report["fleet"] == {"unanswered": ["c3"]}
 
 
-def test_an_answer_that_is_not_a_list_of_processes_counts_as_no_answer(site):  # noqa: F811
+def test_an_answer_that_is_not_a_list_of_processes_counts_as_no_answer(site):
     site.publish_run("run1")
     sibling = str(site.sibling("TinyApp/1.0", "run1"))
     # c3: what the playbook gives for a host whose scan left no in_use (unreachable, failed).
@@ -53,7 +61,7 @@ def test_an_answer_that_is_not_a_list_of_processes_counts_as_no_answer(site):  #
     assert report["removed"] == []
 
 
-def test_answers_that_name_no_process_let_the_tree_go_after_the_grace_period(site):  # noqa: F811
+def test_answers_that_name_no_process_let_the_tree_go_after_the_grace_period(site):
     site.publish_run("run1")
     sibling = str(site.sibling("TinyApp/1.0", "run1"))
     fleet = inuse.Fleet.from_answers({"c1": {sibling: []}, "c2": {}})
@@ -64,7 +72,7 @@ def test_answers_that_name_no_process_let_the_tree_go_after_the_grace_period(sit
     assert not site.sibling("TinyApp/1.0", "run1").exists()
 
 
-def test_within_the_grace_period_the_fleet_answers_do_not_remove_anything(site):  # noqa: F811
+def test_within_the_grace_period_the_fleet_answers_do_not_remove_anything(site):
     site.publish_run("run1")
     fleet = inuse.Fleet.from_answers({"c1": {}})
 
