@@ -174,13 +174,16 @@ def test_the_helpers_work_directory_is_removed(guard_site, tmp_path):
 
 def test_what_a_module_makes_in_the_helpers_directory_goes_with_it(guard_site, tmp_path):
     # A module whose load runs a command that leaves files and a directory in the working
-    # directory, which is the helper's work directory.
+    # directory, which is the helper's work directory (the one with before.env in it: the
+    # login that loads the module first runs in this checkout, which must stay clean).
     compute = CPU_NODES[1]
+    ran = tmp_path.parent / f"{tmp_path.name}-litter-ran"  # outside TMPDIR, which must end empty
+    litter = (
+        f"if [ -e before.env ]; then mkdir -p litter/deeper && touch litter/deeper/file loose-file {ran}; fi"
+    )
     for node in (CPU_NODES[0], compute):
         guard_site.prefix.write_module(
-            node[0],
-            "Litter/1.0",
-            'execute{cmd="mkdir -p litter/deeper && touch litter/deeper/file loose-file", modeA={"load"}}\n',
+            node[0], "Litter/1.0", f'execute{{cmd="{litter}", modeA={{"load"}}}}\n'
         )
     modules = (*eessilike.default_modules(guard_site.prefix), "Litter/1.0")
     job = guard_site.job_env(CPU_NODES[0], compute, modules, TMPDIR=str(tmp_path))
@@ -188,6 +191,7 @@ def test_what_a_module_makes_in_the_helpers_directory_goes_with_it(guard_site, t
     _run, task = guard_site.as_prolog(job)
 
     assert task["EESSI_SOFTWARE_SUBDIR"] == compute[0]
+    assert ran.exists(), "the module's command did not run in the helper's directory"
     assert list(tmp_path.iterdir()) == []
 
 

@@ -337,16 +337,14 @@ def test_fleet_gc_keeps_the_tree_a_job_on_a_compute_node_holds_and_removes_it_on
     with_dead = live.scratch / "fleet-dead.yml"
     with_dead.write_text(json.dumps(fleet))
     held = f"{live.installpath}/software/{LIB}/share/tinylib/greeting.txt"
+    lib_dir = f"{live.installpath}/software/{tinypkgs.LIB}"
+    earlier = set(live.build.run(["ls", "-a", lib_dir]).stdout.split())  # other tests' old trees
     job = HoldingJob(cluster, live, held)
     try:
         published = live.rebuild(tinypkgs.write_packages(live.scratch / "gen-fleet", greeting="held"))
         assert published.failed == 0, published.output
-        siblings = live.build.run(["ls", "-a", f"{live.installpath}/software/{tinypkgs.LIB}"]).stdout.split()
-        (retired,) = [
-            f"{live.installpath}/software/{tinypkgs.LIB}/{name}"
-            for name in siblings
-            if name.startswith(".1.0.")
-        ]
+        names = set(live.build.run(["ls", "-a", lib_dir]).stdout.split()) - earlier
+        (retired,) = [f"{lib_dir}/{name}" for name in names if name.startswith(".1.0.")]
 
         held_play = _fleet_gc(live, inventory)
     finally:

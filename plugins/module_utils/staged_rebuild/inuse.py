@@ -87,6 +87,8 @@ def scan(trees: Sequence[str], proc: str = PROC) -> Scan:
     """Which processes use each of ``trees`` (absolute directories), from one pass over ``proc``."""
     targets = {tree: _spellings(tree) for tree in trees}
     users: Dict[str, List[Process]] = {tree: [] for tree in trees}
+    # A path inside a tree holds the tree's path: what holds none of them is not parsed.
+    needles = tuple({spelling for spellings in targets.values() for spelling in spellings})
     scanned = unreadable = 0
     own = os.getpid()
     entries = []
@@ -98,7 +100,8 @@ def scan(trees: Sequence[str], proc: str = PROC) -> Scan:
     for entry in entries:
         if not entry.isdigit() or int(entry) == own:
             continue
-        found = _read_process(os.path.join(proc, entry))
+        directory = os.path.join(proc, entry)
+        found = _read_process(directory, needles)
         if found is None:  # it ended while it was read
             continue
         scanned += 1
@@ -107,41 +110,35 @@ def scan(trees: Sequence[str], proc: str = PROC) -> Scan:
         for tree, spellings in targets.items():
             uses = tuple(sorted({how for how, path in found.paths if _inside(path, spellings)}))
             if uses:
-                process = Process(int(entry), found.uid, _user(found.uid), found.command, uses, found.job_id)
-                users[tree].append(process)
+                users[tree].append(_process(directory, int(entry), uses, found.environ))
     return Scan(users, scanned, unreadable, os.geteuid())
 
 
 @dataclasses.dataclass
 class _Found:
-    uid: int
-    command: str
+    """What one process names that may lie in a tree, and whether all of it could be read."""
+
     paths: List[Tuple[str, str]]
     complete: bool
-    job_id: Optional[str] = None
+    environ: bytes = b""
 
 
-def _read_process(directory: str) -> Optional[_Found]:
-    """The paths one process names, with where each came from; None when it has ended."""
-    try:
-        uid = os.stat(directory).st_uid
-        command = _read(os.path.join(directory, "comm"), 4096)[0].decode(errors="replace").strip()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    except OSError:
-        uid, command = -1, "?"
-    found = _Found(uid, command, [], True)
+def _read_process(directory: str, needles: Tuple[str, ...]) -> Optional[_Found]:
+    """The paths one process names that contain one of ``needles``, each with where it came
+    from; None when the process has ended."""
+    found = _Found([], True)
     for name in LINKS:
-        _add_link(found, name, os.path.join(directory, name))
+        _add_link(found, name, os.path.join(directory, name), needles)
     fds = os.path.join(directory, "fd")
     try:
         names = os.listdir(fds)
     except (FileNotFoundError, ProcessLookupError):
-        names = []
+        return None
     except OSError:
         names, found.complete = [], False
     for fd in names:
-        _add_link(found, "fd", os.path.join(fds, fd))
+        _add_link(found, "fd", os.path.join(fds, fd), needles)
+    encoded = tuple(os.fsencode(needle) for needle in needles)
     for name, parse in (("maps", _mapped_paths), ("environ", _environment_paths)):
         try:
             data, whole = _read(os.path.join(directory, name), READ_LIMIT)
@@ -151,19 +148,36 @@ def _read_process(directory: str) -> Optional[_Found]:
             found.complete = False
             continue
         found.complete = found.complete and whole
-        found.paths.extend((name, path) for path in parse(data))
         if name == "environ":
-            found.job_id = _job_id(data)
+            found.environ = data
+        if any(needle in data for needle in encoded):
+            found.paths.extend((name, path) for path in parse(data))
     return found
 
 
-def _add_link(found: _Found, how: str, link: str) -> None:
+def _process(directory: str, pid: int, uses: Tuple[str, ...], environ: bytes) -> Process:
+    """A process that uses a tree, with its owner, command and job read now."""
     try:
-        found.paths.append((how, _link(link)))
+        uid = os.stat(directory).st_uid
+    except OSError:
+        uid = -1
+    try:
+        command = _read(os.path.join(directory, "comm"), 4096)[0].decode(errors="replace").strip()
+    except OSError:
+        command = "?"
+    return Process(pid, uid, _user(uid), command, uses, _job_id(environ))
+
+
+def _add_link(found: _Found, how: str, link: str, needles: Tuple[str, ...]) -> None:
+    try:
+        target = _link(link)
     except (FileNotFoundError, ProcessLookupError):
-        pass  # a kernel thread has no executable, a zombie no links; a descriptor closed meanwhile
+        return  # a kernel thread has no executable, a zombie no links; a descriptor closed meanwhile
     except OSError:
         found.complete = False
+        return
+    if any(needle in target for needle in needles):
+        found.paths.append((how, target))
 
 
 def _link(path: str) -> str:
