@@ -32,3 +32,16 @@ attributes:
   diff_mode:
     description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
 """
+
+    # The attributes of a module that only reads (with ATTRIBUTES, their descriptions).
+    READ_ONLY = r"""
+attributes:
+  check_mode:
+    support: full
+    details: The module only reads, in check mode as in a normal run.
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+    description: The module never reports a change.
+"""

@@ -28,15 +28,7 @@ author:
   - hpcstack.ops maintainers (@hpcstack)
 extends_documentation_fragment:
   - hpcstack.ops.staged_rebuild.attributes
-attributes:
-  check_mode:
-    support: full
-    details: The module only reads, in check mode as in a normal run.
-  diff_mode:
-    support: none
-  idempotent:
-    support: full
-    description: The module never reports a change.
+  - hpcstack.ops.staged_rebuild.read_only
 options:
   eessi_root:
     description:

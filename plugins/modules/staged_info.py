@@ -22,15 +22,7 @@ author:
 extends_documentation_fragment:
   - hpcstack.ops.staged_rebuild
   - hpcstack.ops.staged_rebuild.attributes
-attributes:
-  check_mode:
-    support: full
-    details: The module only reads, in check mode as in a normal run.
-  diff_mode:
-    support: none
-  idempotent:
-    support: full
-    description: The module never reports a change.
+  - hpcstack.ops.staged_rebuild.read_only
 options:
   run_id:
     description:

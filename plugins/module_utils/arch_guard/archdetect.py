@@ -88,8 +88,9 @@ def detect(env, deadline: Deadline) -> Detection:
     argv = [bash_path(env), script]
     child_env = envdelta.child_environment(env)
     overrides = [f"{name}={env[name]}" for name in OVERRIDES if env.get(name)]
-    answer = env.get(OPTIONS_OVERRIDE)
-    if answer:
+    options_override = env.get(OPTIONS_OVERRIDE)
+    if options_override:
+        answer = options_override
         (accelpath,) = _run([[*argv, "accelpath"]], child_env, deadline)
     else:
         # Both at once: two shells that each take as long as the other, on a node's CPUs.
@@ -99,7 +100,7 @@ def detect(env, deadline: Deadline) -> Detection:
         answer = _answer(cpupath.stdout)
     candidates = answer.split(":")
     if not all(_TARGET.match(candidate) for candidate in candidates):
-        if env.get(OPTIONS_OVERRIDE):
+        if options_override:
             raise ArchdetectFailed(f"{OPTIONS_OVERRIDE} is {answer!r}, not a list of CPU targets")
         raise ArchdetectFailed(f"archdetect -a cpupath answered {answer!r}")
     if accelpath.returncode in NO_ACCELERATOR_EXITS:

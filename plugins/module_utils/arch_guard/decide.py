@@ -111,7 +111,10 @@ def _decide_loaded(env, mode, was: Node, deadline) -> Decision:
     refused = _cannot_reload(env, modules, was=was, now=now)
     if refused is not None:
         return refused
-    return _reload(env, mode, deadline, was=was, now=now, modules=modules, respected=respected)
+    reloaded = _reload(env, mode, deadline, was=was, now=now, modules=modules)
+    if reloaded.action != RELOAD or not respected:
+        return reloaded
+    return Decision(reloaded.action, reloaded.detail + respected, reloaded.changes, reloaded.message)
 
 
 def _cannot_reload(env, modules, *, was: Node, now: Node):
@@ -164,7 +167,7 @@ def no_software_detail(candidates, eessi_prefix) -> str:
     return f"no software directory for any of {':'.join(candidates)} under {where}"
 
 
-def _reload(env, mode, deadline, *, was: Node, now: Node, modules, respected: str) -> Decision:
+def _reload(env, mode, deadline, *, was: Node, now: Node, modules) -> Decision:
     try:
         report = restore.reload_modules(env, modules, deadline)
     except restore.ModuleLoadFailed as err:
@@ -177,10 +180,10 @@ def _reload(env, mode, deadline, *, was: Node, now: Node, modules, respected: st
         )
     except restore.RestoreFailed as err:
         return _failed(was, "restore-failed", str(err), f"reloading EESSI for {now.label(was)} failed", now)
-    return from_report(env, mode, report, was=was, now=now, respected=respected)
+    return from_report(env, mode, report, was=was, now=now)
 
 
-def from_report(env, mode, report: restore.Report, *, was: Node, now: Node, respected: str = "") -> Decision:
+def from_report(env, mode, report: restore.Report, *, was: Node, now: Node) -> Decision:
     """The decision once the helper reported: the delta with its markers, if it can be carried."""
     reloaded = report.after.get("EESSI_SOFTWARE_SUBDIR", "")
     if reloaded != now.cpu:
@@ -203,7 +206,7 @@ def from_report(env, mode, report: restore.Report, *, was: Node, now: Node, resp
         )
     return Decision(
         RELOAD,
-        f"reloaded {transition}{respected}",
+        f"reloaded {transition}",
         carried,
         f"eessi-arch-guard: reloaded EESSI for {now.label(was)} (job environment was {was.label(now)})",
     )

@@ -91,28 +91,33 @@ def retired_trees(runs) -> List[str]:
     return [sibling for sibling in siblings if os.path.lexists(sibling)]
 
 
-def in_use_reason(processes) -> str:
-    """``in use by 2 processes (pids 12, 34; users alice, bob; jobs 4242)``, the jobs where
-    the processes' environments name them."""
+def in_use_reason(processes, where: str = "") -> str:
+    """``in use[ on <where>] by 2 processes (pids 12, 34; users alice, bob; jobs 4242)``, the
+    jobs where the processes' environments name them."""
     pids = ", ".join(str(process.pid) for process in processes)
     users = ", ".join(sorted({process.user for process in processes}))
     jobs = ", ".join(sorted({process.job_id for process in processes if process.job_id}))
     noun = "process" if len(processes) == 1 else "processes"
-    return f"in use by {len(processes)} {noun} (pids {pids}; users {users}{'; jobs ' + jobs if jobs else ''})"
+    on = f" on {where}" if where else ""
+    of_jobs = f"; jobs {jobs}" if jobs else ""
+    return f"in use{on} by {len(processes)} {noun} (pids {pids}; users {users}{of_jobs})"
 
 
-def _kept_in_use(path, run_id, processes, host=None) -> Dict[str, Any]:
-    """A tree kept by processes of this host (``host`` None: its node name in the report) or
-    of ``host``."""
-    where = f" on {host}" if host else ""
+def _kept_in_use(path, run_id, users, where: str = "") -> Dict[str, Any]:
+    """A tree kept by ``users``, ``(host, process)`` pairs: this host's (``where`` "") or
+    other hosts' (``where`` names them)."""
     return {
         "path": path,
         "run_id": run_id,
-        "why": in_use_reason(processes).replace("in use by", f"in use{where} by", 1),
-        "processes": [
-            dict(dataclasses.asdict(process), host=host or os.uname().nodename) for process in processes
-        ],
+        "why": in_use_reason([process for _host, process in users], where),
+        "processes": [dict(dataclasses.asdict(process), host=host) for host, process in users],
     }
+
+
+def _here(processes) -> list:
+    """This host's processes as ``(host, process)`` pairs, named by its node name."""
+    node = os.uname().nodename
+    return [(node, process) for process in processes]
 
 
 def _kept_elsewhere(path, run_id, fleet) -> Optional[Dict[str, Any]]:
@@ -128,10 +133,7 @@ def _kept_elsewhere(path, run_id, fleet) -> Optional[Dict[str, Any]]:
     found = fleet.users.get(path)
     if not found:
         return None
-    where = ", ".join(sorted({host for host, _process in found}))
-    entry = _kept_in_use(path, run_id, [process for _host, process in found], host=where)
-    entry["processes"] = [dict(dataclasses.asdict(process), host=host) for host, process in found]
-    return entry
+    return _kept_in_use(path, run_id, found, where=", ".join(sorted({host for host, _process in found})))
 
 
 def _collect_siblings(journal, old_enough, *, dry_run, report, usage, running, fleet):
@@ -162,7 +164,7 @@ def _collect_siblings(journal, old_enough, *, dry_run, report, usage, running, f
     generation = journal.trees.generation(journal.run_id)
     if usage.users.get(generation):
         if os.path.isdir(generation):
-            report["kept"].append(_kept_in_use(generation, journal.run_id, usage.users[generation]))
+            report["kept"].append(_kept_in_use(generation, journal.run_id, _here(usage.users[generation])))
         return
     may_go = not kept_any and (old_enough or running.known)
     if may_go and not dry_run and os.path.isdir(generation) and not os.path.islink(generation):
@@ -177,7 +179,7 @@ def _why_kept(journal, entry, old_enough, usage, running, fleet):  # noqa: PLR09
     Slurm did not, the grace period."""
     users = usage.users.get(entry.retired_path)
     if users:
-        return _kept_in_use(entry.retired_path, journal.run_id, users)
+        return _kept_in_use(entry.retired_path, journal.run_id, _here(users))
     if fleet is not None:
         elsewhere = _kept_elsewhere(entry.retired_path, journal.run_id, fleet)
         if elsewhere is not None:
@@ -191,15 +193,7 @@ def _why_kept(journal, entry, old_enough, usage, running, fleet):  # noqa: PLR09
             "path": entry.retired_path,
             "run_id": journal.run_id,
             "why": _jobs_reason(jobs),
-            "jobs": [
-                {
-                    "job_id": job.job_id,
-                    "started": job.started.isoformat(),
-                    "user": job.user,
-                    "nodes": job.nodes,
-                }
-                for job in jobs
-            ],
+            "jobs": [job.as_dict() for job in jobs],
         }
     if not old_enough:
         return {"path": entry.retired_path, "run_id": journal.run_id, "why": "grace period"}

@@ -89,6 +89,7 @@ def scan(trees: Sequence[str], proc: str = PROC) -> Scan:
     users: Dict[str, List[Process]] = {tree: [] for tree in trees}
     # A path inside a tree holds the tree's path: what holds none of them is not parsed.
     needles = tuple({spelling for spellings in targets.values() for spelling in spellings})
+    encoded = tuple(os.fsencode(needle) for needle in needles)
     scanned = unreadable = 0
     own = os.getpid()
     entries = []
@@ -101,7 +102,7 @@ def scan(trees: Sequence[str], proc: str = PROC) -> Scan:
         if not entry.isdigit() or int(entry) == own:
             continue
         directory = os.path.join(proc, entry)
-        found = _read_process(directory, needles)
+        found = _read_process(directory, needles, encoded)
         if found is None:  # it ended while it was read
             continue
         scanned += 1
@@ -123,9 +124,9 @@ class _Found:
     environ: bytes = b""
 
 
-def _read_process(directory: str, needles: Tuple[str, ...]) -> Optional[_Found]:
-    """The paths one process names that contain one of ``needles``, each with where it came
-    from; None when the process has ended."""
+def _read_process(directory: str, needles: Tuple[str, ...], encoded: Tuple[bytes, ...]) -> Optional[_Found]:
+    """The paths one process names that contain one of ``needles`` (``encoded``: the same as
+    bytes), each with where it came from; None when the process has ended."""
     found = _Found([], True)
     for name in LINKS:
         _add_link(found, name, os.path.join(directory, name), needles)
@@ -138,7 +139,6 @@ def _read_process(directory: str, needles: Tuple[str, ...]) -> Optional[_Found]:
         names, found.complete = [], False
     for fd in names:
         _add_link(found, "fd", os.path.join(fds, fd), needles)
-    encoded = tuple(os.fsencode(needle) for needle in needles)
     for name, parse in (("maps", _mapped_paths), ("environ", _environment_paths)):
         try:
             data, whole = _read(os.path.join(directory, name), READ_LIMIT)
@@ -181,8 +181,12 @@ def _add_link(found: _Found, how: str, link: str, needles: Tuple[str, ...]) -> N
 
 
 def _link(path: str) -> str:
-    target = os.readlink(path)
-    return target[: -len(_DELETED)] if target.endswith(_DELETED) else target
+    return _undeleted(os.readlink(path))
+
+
+def _undeleted(path: str) -> str:
+    """A path as the kernel names a file that was unlinked, without its " (deleted)"."""
+    return path[: -len(_DELETED)] if path.endswith(_DELETED) else path
 
 
 def _read(path: str, limit: int) -> Tuple[bytes, bool]:
@@ -208,8 +212,7 @@ def _mapped_paths(data: bytes) -> List[str]:
     for line in data.split(b"\n"):
         fields = line.split(None, 5)
         if len(fields) == 6 and fields[5].startswith(b"/"):
-            path = os.fsdecode(fields[5])
-            paths.append(path[: -len(_DELETED)] if path.endswith(_DELETED) else path)
+            paths.append(_undeleted(os.fsdecode(fields[5])))
     return paths
 
 

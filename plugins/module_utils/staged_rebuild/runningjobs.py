@@ -36,6 +36,14 @@ class Job:
     user: str
     nodes: str
 
+    def as_dict(self) -> dict:
+        return {
+            "job_id": self.job_id,
+            "started": self.started.isoformat(),
+            "user": self.user,
+            "nodes": self.nodes,
+        }
+
 
 @dataclasses.dataclass(frozen=True)
 class RunningJobs:
