@@ -187,6 +187,24 @@ def test_installpath_publishes_an_unrelocated_binary_with_allow_unrelocated(eb_s
     assert any("prefix.bin" in warning for warning in result["warnings"]), result
 
 
+def test_a_warning_in_text_says_warning_and_the_run_still_succeeds_with_exit_1(eb_site_factory):
+    site, packages = _binary_site(eb_site_factory, "root")
+
+    done = site.rebuild(
+        (BIN,), packages, backend="installpath", extra=("--allow-unrelocated",), json_output=False
+    )
+
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert done.stdout.startswith("Published run ")
+    notices = [line for line in done.stderr.splitlines() if line.startswith("eb-staged-rebuild: ")]
+    assert len(notices) == 2, done.stderr
+    assert all(line.startswith("eb-staged-rebuild: warning: ") for line in notices)
+    assert notices[0].startswith("eb-staged-rebuild: warning: backend installpath: EasyBuild runs WITHOUT")
+    unrelocated = "eb-staged-rebuild: warning: published with binaries that name the removed build path "
+    assert notices[1].startswith(unrelocated)
+    assert notices[1].endswith(str(site.live(BIN) / "share" / "tinybin" / "prefix.bin"))
+
+
 @pytest.mark.parametrize("owner", OWNERS)
 def test_installpath_rewrites_the_build_path_in_text_files_to_the_live_path(eb_site_factory, owner):
     site, packages = _binary_site(eb_site_factory, owner)
@@ -282,7 +300,7 @@ def test_with_json_stderr_has_no_easybuild_step_lines(eb_site_factory, backend):
     lines = done.stderr.splitlines()
     if backend == "installpath":
         assert len(lines) == 1, lines
-        assert lines[0].startswith("eb-staged-rebuild: backend installpath:")
+        assert lines[0].startswith("eb-staged-rebuild: warning: backend installpath:")
         assert "sandbox" in lines[0]
     else:
         assert lines == []

@@ -88,7 +88,7 @@ class Swapper:
 
 
 # The progress line a rebuild with the test builder's backend prints before it builds.
-UNSANDBOXED = "eb-staged-rebuild: backend installpath: EasyBuild runs WITHOUT a sandbox"
+UNSANDBOXED = "eb-staged-rebuild: warning: backend installpath: EasyBuild runs WITHOUT a sandbox"
 
 
 def _wait_for(condition, seconds: float = 30) -> None:

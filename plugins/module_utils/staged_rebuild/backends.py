@@ -45,7 +45,7 @@ from . import bwrapinfo, easybuild, sandbox
 BACKENDS = ("auto", "bwrap", "userns", "installpath")
 SANDBOXED = ("bwrap", "userns")  # also the order in which auto tries them
 UNSANDBOXED = (
-    "eb-staged-rebuild: backend installpath: EasyBuild runs WITHOUT a sandbox; "
+    "eb-staged-rebuild: warning: backend installpath: EasyBuild runs WITHOUT a sandbox; "
     "a hook that writes outside its install path is not contained (--backend bwrap|userns requires one)"
 )
 _PROBE_TIMEOUT = 30

@@ -4,22 +4,25 @@
 
     eb-staged-rebuild [--state-root DIR] [--lock-timeout S] [--json] [--debug] COMMAND ...
 
-Every command returns a plain result dict that is printed as text, or as one JSON document
-with ``--json`` (what the Ansible modules return). Expected errors print one line,
-``eb-staged-rebuild: <message>``, and exit 2; a traceback only with ``--debug``. Exit 1
-means done, with warnings.
+Every command returns a plain result dict: ``--json`` prints it as one JSON document (what
+the Ansible modules return), and otherwise ``text`` words it for people. Expected errors
+print one line, ``eb-staged-rebuild: <message>``, and exit 2; a traceback only with
+``--debug``. Exit 1 means done, with warnings, each on stderr as
+``eb-staged-rebuild: warning: <what>``.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import shlex
 import sys
 
 from ..common import errors
 from ..common.version import VERSION
-from . import commands, probe, settings
+from . import commands, probe, settings, text
 from . import request as request_module
 
 PROG = "eb-staged-rebuild"
@@ -30,6 +33,45 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):
         raise errors.UsageError(f"{message} (see '{self.prog} --help')")
+
+
+# Each subcommand's examples, shown at the end of its --help (and in docs/staged-rebuild.md).
+EXAMPLES = {
+    "rebuild": (
+        "eb-staged-rebuild rebuild --installpath /apps --module zlib/1.3.1-GCCcore-13.2.0 \\",
+        "    -- zlib-1.3.1-GCCcore-13.2.0.eb",
+        "eb-staged-rebuild rebuild --dry-run --installpath /apps --module GROMACS/2024.1-foss-2023b \\",
+        "    -- GROMACS-2024.1-foss-2023b.eb --robot",
+        "eb-staged-rebuild --state-root /apps/.staged rebuild --backend bwrap --run-id fix-4711 \\",
+        "    --installpath /apps --module hello/1.0 -- hello-1.0.eb",
+    ),
+    "resume": (
+        "eb-staged-rebuild resume            # every interrupted run",
+        "eb-staged-rebuild resume fix-4711   # only this one",
+    ),
+    "rollback": (
+        "eb-staged-rebuild rollback fix-4711",
+        "eb-staged-rebuild rollback retire-20261202T101500123456Z   # put a retired module file back",
+    ),
+    "retire": (
+        "eb-staged-rebuild retire /apps/modules/all/zlib/1.2.13.lua --reason 'CVE-2023-45853'",
+        "eb-staged-rebuild --lock-timeout 60 retire /apps/modules/all/Foo/1.0.lua --reason 'replaced'",
+    ),
+    "gc": (
+        "eb-staged-rebuild gc --dry-run         # what would go, and why the rest stays",
+        "eb-staged-rebuild gc --grace-hours 48  # the site's longest walltime plus a margin",
+        "eb-staged-rebuild gc --no-squeue       # on a host without Slurm: the grace period alone",
+    ),
+    "status": (
+        "eb-staged-rebuild status",
+        "eb-staged-rebuild status fix-4711",
+        "eb-staged-rebuild --json status | jq -r '.runs[] | select(.state != \"published\") | .run_id'",
+    ),
+    "probe": (
+        "eb-staged-rebuild probe --path /apps/software",
+        "eb-staged-rebuild probe --path /scratch/apps --eb /opt/easybuild/bin/eb",
+    ),
+}
 
 
 def build_parser():
@@ -57,7 +99,9 @@ def build_parser():
     commands.required = True
 
     build = commands.add_parser(
-        "rebuild", parents=[after], help="build a replacement beside the live install and swap it in"
+        "rebuild",
+        **_help("rebuild", after),
+        help="build a replacement beside the live install and swap it in",
     )
     _tree_arguments(build)
     build.add_argument("--module", action="append", default=[], metavar="NAME/VERSION", dest="modules")
@@ -67,26 +111,30 @@ def build_parser():
     settings.add_arguments(build, request_module.RebuildRequest)
     build.add_argument("--dry-run", action="store_true")
     build.add_argument("eb_args", nargs=argparse.REMAINDER, help="-- then EasyBuild's arguments")
-    build.set_defaults(func=cmd_rebuild)
+    build.set_defaults(func=cmd_rebuild, words=text.rebuild)
 
-    again = commands.add_parser("resume", parents=[after], help="finish or reverse interrupted runs")
+    again = commands.add_parser("resume", **_help("resume", after), help="finish or reverse interrupted runs")
     again.add_argument("run_id", nargs="?")
     _tree_arguments(again, _CHECKED)
-    again.set_defaults(func=cmd_resume)
+    again.set_defaults(func=cmd_resume, words=text.resume)
 
     back = commands.add_parser(
-        "rollback", parents=[after], help="put the previous tree (or a retired module file) back"
+        "rollback", **_help("rollback", after), help="put the previous tree (or a retired module file) back"
     )
     back.add_argument("run_id")
     _tree_arguments(back, _CHECKED)
-    back.set_defaults(func=cmd_rollback)
+    back.set_defaults(func=cmd_rollback, words=text.rollback)
 
-    ret = commands.add_parser("retire", parents=[after], help="move a module file out of MODULEPATH's way")
+    ret = commands.add_parser(
+        "retire", **_help("retire", after), help="move a module file out of MODULEPATH's way"
+    )
     ret.add_argument("module_file")
     ret.add_argument("--reason", required=True)
-    ret.set_defaults(func=cmd_retire)
+    ret.set_defaults(func=cmd_retire, words=text.retire)
 
-    collect = commands.add_parser("gc", parents=[after], help="remove retired trees after the grace period")
+    collect = commands.add_parser(
+        "gc", **_help("gc", after), help="remove retired trees after the grace period"
+    )
     collect.add_argument(
         "--grace-hours",
         type=float,
@@ -99,19 +147,29 @@ def build_parser():
         help="do not ask squeue which jobs run: keep every tree for the grace period",
     )
     _tree_arguments(collect, _CHECKED)
-    collect.set_defaults(func=cmd_gc)
+    collect.set_defaults(func=cmd_gc, words=text.collected)
 
-    show = commands.add_parser("status", parents=[after], help="list runs, or show one")
+    show = commands.add_parser("status", **_help("status", after), help="list runs, or show one")
     show.add_argument("run_id", nargs="?")
-    show.set_defaults(func=cmd_status)
+    show.set_defaults(func=cmd_status, words=text.status)
 
     look = commands.add_parser(
-        "probe", parents=[after], help="what the filesystem at --path and this host can do"
+        "probe", **_help("probe", after), help="what the filesystem at --path and this host can do"
     )
     look.add_argument("--path", required=True)
     look.add_argument("--eb", help="the EasyBuild whose version is checked")
-    look.set_defaults(func=cmd_probe)
+    look.set_defaults(func=cmd_probe, words=text.probed)
     return parser
+
+
+def _help(name, after):
+    """A subcommand's parser settings: ``after`` (its own ``--json``), and its examples at the
+    end, as ``eb --help`` and ``spack help`` end theirs."""
+    return {
+        "parents": [after],
+        "epilog": "examples:\n" + "\n".join("  " + line for line in EXAMPLES[name]),
+        "formatter_class": argparse.RawDescriptionHelpFormatter,
+    }
 
 
 def _tree_arguments(parser, checked=""):
@@ -146,13 +204,13 @@ def _progress(args):
     return show
 
 
-def cmd_rebuild(args):
+def cmd_rebuild(args, now):
     return commands.run_rebuild(
         _request(args), _state_root(args), _progress(args), dict(os.environ), dry_run=args.dry_run
     )
 
 
-def cmd_resume(args):
+def cmd_resume(args, now):
     return commands.resume_runs(
         _state_root(args),
         args.run_id,
@@ -163,19 +221,19 @@ def cmd_resume(args):
     )
 
 
-def cmd_rollback(args):
+def cmd_rollback(args, now):
     return commands.roll_back(
         _state_root(args), args.run_id, settings.lock_timeout(vars(args)), trees=_trees(args)
     )
 
 
-def cmd_retire(args):
+def cmd_retire(args, now):
     return commands.retire_module(
         _state_root(args), args.module_file, args.reason, lock_timeout=settings.lock_timeout(vars(args))
     )
 
 
-def cmd_gc(args):
+def cmd_gc(args, now):
     return commands.collect_garbage(
         _state_root(args),
         settings.grace_hours(vars(args), os.environ),
@@ -183,32 +241,36 @@ def cmd_gc(args):
         dry_run=args.dry_run,
         trees=_trees(args),
         squeue_environ=None if args.no_squeue else os.environ,
+        now=now,
     )
 
 
-def cmd_status(args):
+def cmd_status(args, now):
     return commands.show_status(_state_root(args), args.run_id)
 
 
-def cmd_probe(args):
+def cmd_probe(args, now):
     return probe.probe(args.path, settings.eb(vars(args), os.environ))
 
 
-def _text(result):
-    """A result dict as lines a person reads (``--json`` prints it whole instead)."""
-    lines = []
-    for key, value in result.items():
-        if isinstance(value, list):
-            lines.append(f"{key}:")
-            lines.extend(
-                "  " + (json.dumps(item, sort_keys=True) if isinstance(item, dict) else str(item))
-                for item in value
-            )
-        elif isinstance(value, dict):
-            lines.append(f"{key}: {json.dumps(value, sort_keys=True)}")
-        else:
-            lines.append(f"{key}: {value}")
-    return "\n".join(lines) + "\n"
+def _text(args, result, now):
+    """The result as text for people (``text``), and its warnings as stderr lines."""
+    command = PROG + (f" --state-root {shlex.quote(args.state_root)}" if args.state_root else "")
+    context = text.Context(
+        # probe needs none: a command that reads journals was given one, or refused before.
+        state_root=os.path.abspath(args.state_root or os.environ.get(settings.STATE_ROOT_VARIABLE, "")),
+        now=now,
+        command=command,
+        style=text.Style.for_stream(sys.stdout, os.environ),
+    )
+    for warning in result.get("warnings") or ():
+        sys.stderr.write(f"{PROG}: warning: {warning}\n")
+    try:
+        return args.words(result, context)
+    except commands.FAILURES as err:
+        # The command is done: its result is shown whole rather than lost with the wording.
+        sys.stderr.write(f"{PROG}: warning: the result is shown as JSON ({commands.failure_message(err)})\n")
+        return json.dumps(result, sort_keys=True) + "\n"
 
 
 def _exit_code(result):
@@ -216,8 +278,12 @@ def _exit_code(result):
     return errors.EXIT_WARNINGS if warned else errors.EXIT_OK
 
 
-def main(argv=None):
-    """Run the command; return the exit status (0 ok, 1 warnings, 2 error)."""
+def main(argv=None, now=None):
+    """Run the command; return the exit status (0 ok, 1 warnings, 2 error).
+
+    ``now`` is the moment the command runs (gc's grace period and the times the text shows
+    are counted from it); by default the clock's."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
     try:
         args = build_parser().parse_args(argv)
     except errors.UsageError as err:
@@ -225,7 +291,7 @@ def main(argv=None):
         return err.exit_code
     try:
         with commands.sigterm_raises():
-            result = args.func(args)
+            result = args.func(args, now)
     except errors.HpcstackError as err:
         if args.debug:
             raise
@@ -236,7 +302,7 @@ def main(argv=None):
             raise
         sys.stderr.write(f"{PROG}: {commands.failure_message(err)}\n")
         return errors.EXIT_ERROR
-    sys.stdout.write(json.dumps(result, sort_keys=True) + "\n" if args.json else _text(result))
+    sys.stdout.write(json.dumps(result, sort_keys=True) + "\n" if args.json else _text(args, result, now))
     return _exit_code(result)
 
 

@@ -203,17 +203,31 @@ def _retired_by(state_root, module_file):
 
 
 def collect_garbage(  # noqa: PLR0917 - the command line's options
-    state_root, grace_hours, lock_timeout, dry_run=False, trees=None, squeue_environ=None, fleet=None
+    state_root,
+    grace_hours,
+    lock_timeout,
+    dry_run=False,
+    trees=None,
+    squeue_environ=None,
+    fleet=None,
+    now=None,
 ) -> dict:
     """Remove retired trees no process here (or, with ``fleet``, on the hosts that answered)
     and no running job uses, or (where Slurm does not answer: ``squeue_environ`` None, or no
-    ``squeue`` on its PATH) older than ``grace_hours``; ``dry_run`` lists them instead."""
+    ``squeue`` on its PATH) older than ``grace_hours`` at ``now`` (by default the clock's);
+    ``dry_run`` lists them instead."""
     state_root = existing_state_root(state_root)
     running = runningjobs.NOT_ASKED if squeue_environ is None else runningjobs.running_jobs(squeue_environ)
     if dry_run:
         # Reads only: no lock (its files would be written) and no missing directories made.
         report = gc_module.gc(
-            state_root, grace_hours=grace_hours, dry_run=True, trees=trees, running=running, fleet=fleet
+            state_root,
+            grace_hours=grace_hours,
+            dry_run=True,
+            now=now,
+            trees=trees,
+            running=running,
+            fleet=fleet,
         )
         report["would_change"] = bool(report["removed"])
         return report
@@ -222,7 +236,13 @@ def collect_garbage(  # noqa: PLR0917 - the command line's options
     paths.prepare_state_root(state_root)
     with locking.StateLock(state_root, lock_timeout):
         return gc_module.gc(
-            state_root, grace_hours=grace_hours, dry_run=False, trees=trees, running=running, fleet=fleet
+            state_root,
+            grace_hours=grace_hours,
+            dry_run=False,
+            now=now,
+            trees=trees,
+            running=running,
+            fleet=fleet,
         )
 
 

@@ -43,8 +43,10 @@ def _parse(stamp):
     return datetime.datetime.fromisoformat(stamp)
 
 
-def _elapsed(journal, now, grace):
-    return now - _parse(journal.run.changed_since) >= grace
+def grace_ends(journal, grace_hours) -> datetime.datetime:
+    """When the grace period of ``journal``'s run ends: ``grace_hours`` after its last change
+    of state."""
+    return _parse(journal.run.changed_since) + datetime.timedelta(hours=grace_hours)
 
 
 def _is_recorded_sibling(entry, run_id, software):
@@ -231,11 +233,11 @@ def _require_left_by_the_run(journal, entry):
         )
 
 
-def _report_retired(journal, roots, now, grace, report):
+def _report_retired(journal, roots, now, grace_hours, report):
     """A retired module's software directory: ``keep`` or ``manual``, never deleted."""
     software_dir = os.path.normpath(journal.run.software_dir)
     in_use = any(root == software_dir or root.startswith(software_dir + "/") for root in roots)
-    if in_use or now - _parse(journal.run.changed_since) < grace:
+    if in_use or now < grace_ends(journal, grace_hours):
         why = "a tracked module file uses it" if in_use else "grace period"
         report["kept"].append({"path": software_dir, "run_id": journal.run_id, "why": why})
     else:
@@ -256,7 +258,6 @@ def gc(  # noqa: PLR0917 - the command line's options
     name; ``running`` is Slurm's answer (``runningjobs.running_jobs``), or why there is none;
     ``fleet`` (``inuse.Fleet``), what the other hosts' scans answered."""
     now = now or datetime.datetime.now(datetime.timezone.utc)
-    grace = datetime.timedelta(hours=grace_hours)
     runs = journals.run_journals(state_root)
     for journal in runs:
         journal.check_trees(trees)
@@ -292,7 +293,7 @@ def gc(  # noqa: PLR0917 - the command line's options
         elif journal.run.kind is RunKind.PUBLISH:
             _collect_siblings(
                 journal,
-                _elapsed(journal, now, grace),
+                now >= grace_ends(journal, grace_hours),
                 dry_run=dry_run,
                 report=report,
                 usage=usage,
@@ -302,7 +303,7 @@ def gc(  # noqa: PLR0917 - the command line's options
     roots = _tracked_roots(runs)
     for journal in runs:
         if journal.run.kind is RunKind.RETIRE and journal.state is RunState.RETIRED:
-            _report_retired(journal, roots, now, grace, report)
+            _report_retired(journal, roots, now, grace_hours, report)
     report.update(
         {"changed": bool(report["removed"]) and not dry_run, "dry_run": dry_run, "grace_hours": grace_hours}
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 
 import pytest
@@ -80,6 +81,12 @@ def _one_line_error(captured):
     return captured.err[len(PROG) : -1]
 
 
+def _commands_joined(out):
+    """``out`` with each suggested command on its label's line again: a command too long for
+    its line follows its label on the next line, continued with `` \\``."""
+    return re.sub(r":\n  (?=eb-staged-rebuild )", ": ", re.sub(r" \\\n +", " ", out))
+
+
 def _interrupted_run(site, run_id="run1"):
     """A rebuild's journal as a crash during its build leaves it."""
     return publish_journal(
@@ -103,7 +110,7 @@ def test_json_prints_one_json_document(site, capsys):
     assert [run["run_id"] for run in json.loads(out)["runs"]] == ["run1"]
 
 
-def test_text_output_prints_keys_lists_and_scalars_as_lines(site, capsys):
+def test_status_as_text_is_a_table_with_a_header_and_the_next_command(site, capsys):
     _interrupted_run(site)
 
     code = _main(site, "status")
@@ -111,12 +118,15 @@ def test_text_output_prints_keys_lists_and_scalars_as_lines(site, capsys):
     out = capsys.readouterr().out
     assert code == 0
     lines = out.splitlines()
-    assert lines[0] == "runs:"
-    assert lines[1].startswith("  {")
-    assert json.loads(lines[1])["run_id"] == "run1"
+    assert lines[0].split() == ["RUN", "KIND", "STATE", "CREATED", "MODULES"]
+    assert lines[1].split()[:3] == ["run1", "publish", "building"]
+    assert lines[1].endswith(" ago)  " + APP)
+    assert _commands_joined(out).endswith(
+        f"\nRun run1 is interrupted (building); next: eb-staged-rebuild --state-root {site.state_root} resume\n"
+    )
 
 
-def test_text_output_of_gc_names_each_list_and_the_change(site, capsys):
+def test_gc_as_text_on_a_state_root_without_trees_says_what_it_saw_and_counts(site, capsys):
     (site.state_root / "runs").mkdir(parents=True)
 
     code = _main(site, "gc", "--no-squeue")
@@ -125,11 +135,9 @@ def test_text_output_of_gc_names_each_list_and_the_change(site, capsys):
     uid = os.geteuid()
     seen = "every process" if uid == 0 else f"only the processes of uid {uid}"
     assert capsys.readouterr().out == (
-        "removed:\nkept:\nmanual:\ninterrupted:\nincomplete:\ncandidates:\n"
-        f'processes: {{"as_uid": {uid}, "scanned": 0, '
-        f'"seen": "{seen} of this node\'s pid namespace", "unreadable": 0}}\n'
-        'slurm: {"answered": false, "fallback": "grace period", "why": "not asked (--no-squeue)"}\n'
-        "changed: False\ndry_run: False\ngrace_hours: 144.0\n"
+        f"Processes: 0 checked ({seen} of this node's pid namespace).\n"
+        "Slurm: not asked (--no-squeue); trees are kept for the grace period.\n"
+        "0 removed, 0 kept, 0 to remove by hand.\n"
     )
 
 
@@ -497,11 +505,13 @@ def test_dry_run_as_text_prints_each_argument_of_the_command(installed, capsys):
     out = capsys.readouterr().out
     assert code == 0
     lines = out.splitlines()
-    start = lines.index("command:")
-    assert lines[start + 1 : start + 6] == [
-        "  " + arg for arg in _expected_command(installed, "TinyApp-1.0.eb")
+    assert lines[0].startswith(f"Dry run: would rebuild {APP} with backend installpath, no sandbox")
+    start = lines.index("EasyBuild's command:")
+    expected = _expected_command(installed, "TinyApp-1.0.eb")
+    assert lines[start + 1 : start + 1 + len(expected)] == [
+        *(f"  {arg} \\" for arg in expected[:-1]),
+        f"  {expected[-1]}",
     ]
-    assert "dry_run: True" in lines
     assert not installed.state_root.exists()
 
 
@@ -527,7 +537,12 @@ def test_rebuild_as_text_streams_easybuilds_progress_to_stderr(installed, capsys
     captured = capsys.readouterr()
     assert code == 0
     assert "== building and installing TinyApp/1.0..." in captured.err.splitlines()
-    assert "state: published" in captured.out.splitlines()
+    assert captured.out.startswith(
+        "Published run run1: 1 module swapped in (backend installpath, no sandbox).\n"
+    )
+    assert _commands_joined(captured.out).endswith(
+        f"\nUndo: eb-staged-rebuild --state-root {installed.state_root} rollback run1\n"
+    )
 
 
 def test_a_failed_build_is_one_line_and_exit_2(installed, capsys, monkeypatch):

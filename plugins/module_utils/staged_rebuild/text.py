@@ -1,0 +1,604 @@
+# Copyright: hpcstack.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What eb-staged-rebuild prints for people; ``--json`` prints the result dicts instead.
+
+A command's result dict is the one ``--json`` prints and the modules return, and it stays
+so. These functions word it the way the tools an administrator already reads do (borg's
+``list`` and ``info``, spack's ``find``, ``squeue``): a table with a header for many runs,
+a block of ``Label: value`` lines for one, a few sentences for a change, each change ending
+with the command that undoes it. What a result does not carry and a person wants next (the
+inodes of a swap, when a grace period ends) is read from the run's journal after the
+command (``Context.journal``).
+
+Lines fit ``WIDTH`` columns; a path is never cut: text wraps between words only, and a
+path too long for its line goes on a line of its own, whole. Times are local, to the
+second, with how long ago. Colour only on a terminal and without ``NO_COLOR``
+(``Style.for_stream``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import shlex
+import textwrap
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+from . import backends
+from . import gc as gc_module
+from . import journal as journals
+from .journal import RunKind, RunState
+
+WIDTH = 100
+_GAP = "  "
+
+
+@dataclasses.dataclass(frozen=True)
+class Style:
+    """ANSI colour where it helps a person scan (states, headers), or none at all."""
+
+    colour: bool = False
+
+    @classmethod
+    def for_stream(cls, stream, environ: Mapping[str, str]) -> Style:
+        """Colour only on a terminal, and never when ``NO_COLOR`` is set (no-color.org)."""
+        isatty = getattr(stream, "isatty", None)
+        return cls(bool(isatty and isatty()) and "NO_COLOR" not in environ and environ.get("TERM") != "dumb")
+
+    def _code(self, code: str, text: str) -> str:
+        return f"\033[{code}m{text}\033[0m" if self.colour and text else text
+
+    def bold(self, text: str) -> str:
+        return self._code("1", text)
+
+    def state(self, text: str) -> str:
+        """A run's state (or a tree's fate in gc), padded before it is coloured."""
+        word = text.strip()
+        if word in _GOOD:
+            return self._code("32", text)
+        if word in _BAD:
+            return self._code("31", text)
+        if word in _PENDING:
+            return self._code("33", text)
+        return text
+
+
+_GOOD = {RunState.PUBLISHED.value, "removed"}
+_BAD = {RunState.FAILED.value, "interrupted"}
+_PENDING = {state.value for state in journals.INTERRUPTED} | {"manual", "incomplete"}
+
+
+@dataclasses.dataclass
+class Context:
+    """What wording a result needs beyond the result: the state root (to read a run's
+    journal), the moment the command ran, how the user called the tool (for the commands it
+    suggests) and the style."""
+
+    state_root: str
+    now: datetime.datetime
+    command: str = "eb-staged-rebuild"
+    style: Style = Style()
+
+    def journal(self, run_id: str) -> journals.Journal:
+        return journals.find(self.state_root, run_id)
+
+    def suggest(self, *words: str) -> str:
+        return " ".join([self.command, *(shlex.quote(word) for word in words)])
+
+
+# Times
+
+
+def _parse(stamp: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(stamp)
+
+
+def local_time(moment: datetime.datetime) -> str:
+    return moment.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def duration(seconds: float) -> str:
+    """``40 s``, ``12 min``, ``3 h 5 min``, ``2 days 4 h``: two units at most, rounded down."""
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, hours, days = seconds // 60, seconds // 3600, seconds // 86400
+    if seconds < 3600:
+        return f"{minutes} min"
+    if seconds < 86400:
+        rest = minutes % 60
+        return f"{hours} h {rest} min" if rest else f"{hours} h"
+    rest = hours % 24
+    noun = "day" if days == 1 else "days"
+    return f"{days} {noun} {rest} h" if rest else f"{days} {noun}"
+
+
+def when(stamp: str, now: datetime.datetime) -> str:
+    """``2026-12-02 17:17:04 (3 h 2 min ago)`` in local time."""
+    moment = _parse(stamp)
+    seconds = (now - moment).total_seconds()
+    relative = f"{duration(seconds)} ago" if seconds >= 0 else f"{duration(-seconds)} from now"
+    return f"{local_time(moment)} ({relative})"
+
+
+# Lines
+
+
+def wrap(text: str, indent: str = "", more: Optional[str] = None) -> List[str]:
+    """``text`` wrapped at ``WIDTH`` between words only: a path is never cut."""
+    return textwrap.wrap(
+        text,
+        WIDTH,
+        initial_indent=indent,
+        subsequent_indent=indent + "  " if more is None else more,
+        break_long_words=False,
+        break_on_hyphens=False,
+    ) or [indent]
+
+
+def field(label: str, value: str, indent: str = "", label_width: int = 0) -> List[str]:
+    """``Label:  value``; a value that does not fit beside its label goes on the next line."""
+    head = f"{indent}{label + ':':<{label_width}}"
+    line = f"{head} {value}" if value else head.rstrip()
+    if len(line) <= WIDTH or not value:
+        return [line]
+    return [head.rstrip(), indent + "  " + value]
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]], style: Style) -> List[str]:
+    """Columns two spaces apart; the last one wraps within what is left of ``WIDTH``, or,
+    when too little is left (long run ids), goes on the lines under its row.
+
+    ``style.state`` colours the column named STATE, after padding (colour codes take no room).
+    """
+    widths = [max(len(row[index]) for row in [header, *rows]) for index in range(len(header) - 1)]
+    start = sum(widths) + len(_GAP) * len(widths)
+    room = WIDTH - start
+    # A word of the last column (a module, with its comma) is never cut either.
+    longest = max((len(word) for row in rows for word in row[-1].split()), default=0)
+    below = room < max(_LAST_COLUMN, longest)
+    state_column = list(header).index("STATE") if "STATE" in header else -1
+
+    def cells_of(row):
+        cells = [f"{cell:<{width}}" for cell, width in zip(row, widths)]
+        if state_column >= 0 and row is not header:
+            cells[state_column] = style.state(cells[state_column])
+        return cells
+
+    if below:
+        lines = [style.bold(_GAP.join(cells_of(header)).rstrip()), style.bold("    " + header[-1])]
+        for row in rows:
+            lines.append(_GAP.join(cells_of(row)).rstrip())
+            lines.extend(wrap(row[-1], "    ", "    "))
+        return lines
+    lines = [style.bold(_GAP.join([*cells_of(header), header[-1]]))]
+    for row in rows:
+        last = textwrap.wrap(row[-1], room, break_long_words=False, break_on_hyphens=False) or [""]
+        lines.append(_GAP.join([*cells_of(row), last[0]]).rstrip())
+        lines.extend(" " * start + part for part in last[1:])
+    return lines
+
+
+# The narrowest the last column of a table may be beside the others.
+_LAST_COLUMN = 24
+
+
+def command(label: str, words: str) -> List[str]:
+    """``Label: <command>``; a command too long for one line goes under its label and
+    continues with `` \\`` after a word, so that it still pastes into a shell."""
+    line = f"{label}: {words}"
+    if len(line) <= WIDTH:
+        return [line]
+    parts = textwrap.wrap(
+        words,
+        WIDTH - 2,
+        initial_indent="  ",
+        subsequent_indent="    ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    return [f"{label}:", *(part + " \\" for part in parts[:-1]), parts[-1]]
+
+
+def _done(lines: List[str]) -> str:
+    return "\n".join(lines) + "\n"
+
+
+# status
+
+
+def _run_modules(run: Mapping[str, Any]) -> List[str]:
+    """The modules a run names: a publish run's entries, or the module a retire moved away
+    (named ``Name/version`` from its software directory, as EasyBuild lays it out)."""
+    if run["kind"] == RunKind.RETIRE.value:
+        return ["/".join(run["software_dir"].rstrip("/").split("/")[-2:])]
+    return [entry["module"] for entry in run["modules"]]
+
+
+def status(result: Mapping[str, Any], context: Context) -> str:
+    """``status``: a table of every run, then the run directories without a journal; with a
+    run, its block (``run_block``)."""
+    if "run" in result:
+        return run_block(result, context)
+    runs = result["runs"]
+    if runs:
+        rows = [
+            (
+                run["run_id"],
+                run["kind"],
+                run["state"],
+                when(run["created"], context.now),
+                ", ".join(_run_modules(run)),
+            )
+            for run in runs
+        ]
+        lines = table(("RUN", "KIND", "STATE", "CREATED", "MODULES"), rows, context.style)
+    else:
+        lines = [f"No runs in {context.state_root}."]
+    lines.extend(_incomplete(result["incomplete"], context.style))
+    for run in runs:
+        if RunState(run["state"]) in journals.INTERRUPTED:
+            lines += [
+                "",
+                *command(
+                    f"Run {run['run_id']} is interrupted ({run['state']}); next", _next_command(run, context)
+                ),
+            ]
+    return _done(lines)
+
+
+def _incomplete(incomplete, style: Style) -> List[str]:
+    lines: List[str] = []
+    for entry in incomplete:
+        lines += ["", *field(style.state("incomplete"), entry["path"]), *wrap(entry["why"], "  ")]
+    return lines
+
+
+_LABEL = 12
+
+
+def _fields(pairs, indent: str = "", label_width: int = _LABEL) -> List[str]:
+    lines: List[str] = []
+    for label, value in pairs:
+        lines.extend(field(label, value, indent, label_width))
+    return lines
+
+
+def _exists(path: str, exists: bool) -> str:
+    return f"{path} ({'exists' if exists else 'gone'})"
+
+
+def _backend(name: str) -> str:
+    return f"{name}, {'sandboxed' if name in backends.SANDBOXED else 'no sandbox'}"
+
+
+def run_block(result: Mapping[str, Any], context: Context) -> str:
+    """``status RUN``: the run's facts, each module's paths, its steps, and what comes next."""
+    run = result["run"]
+    state = RunState(run["state"])
+    since = run.get("state_since") or run["updated"]
+    lines = _fields(
+        [
+            ("Run", run["run_id"]),
+            ("Kind", run["kind"] + (f", backend {_backend(run['backend'])}" if run.get("backend") else "")),
+            ("State", f"{context.style.state(state.value)} since {when(since, context.now)}"),
+            ("Created", when(run["created"], context.now)),
+            ("Journal", result["run"]["journal"]),
+        ]
+    )
+    if run["kind"] == RunKind.RETIRE.value:
+        retired_to = run["retired_to"]
+        lines += _fields(
+            [
+                ("Module file", run["module_file"]),
+                ("Retired to", _exists(retired_to, os.path.lexists(retired_to)) if retired_to else ""),
+                ("Software", run["software_dir"]),
+                ("Reason", run["reason"]),
+            ]
+        )
+    for entry in run["modules"]:
+        lines += ["", f"Module {entry['module']}"]
+        lines += _fields(
+            [
+                ("Live", entry["stable_path"]),
+                ("Retired", _exists(entry["retired_path"], entry["retired_path_exists"])),
+                ("Module file", entry["module_file"]),
+            ],
+            "  ",
+        )
+    if run["steps"]:
+        lines += ["", "Steps:"]
+        for step in run["steps"]:
+            unfinished = "" if step["status"] == journals.StepStatus.DONE.value else "  (started, not done)"
+            lines.append(f"  {local_time(_parse(step['at']))}  {step['step']}{unfinished}")
+    lines += _next(run, state, context)
+    return _done(lines)
+
+
+def _next_command(run, context: Context) -> str:
+    """What finishes an interrupted run: ``resume`` for a rebuild, ``rollback RUN`` for a retire."""
+    if run["kind"] == RunKind.RETIRE.value:
+        return context.suggest("rollback", run["run_id"])
+    return context.suggest("resume")
+
+
+def _next(run, state: RunState, context: Context) -> List[str]:
+    """The command that comes next for a run in ``state``: finish it, or undo it."""
+    if state in journals.INTERRUPTED:
+        return ["", *command("Next", _next_command(run, context))]
+    if state in (RunState.PUBLISHED, RunState.RETIRED):
+        return ["", *command("Undo", context.suggest("rollback", run["run_id"]))]
+    return []
+
+
+# rebuild, resume, rollback, retire
+
+
+def _published_modules(journal: journals.Journal) -> List[str]:
+    """Each module of a published run: its live path, the inode there now and before, and
+    where the previous tree and module file are kept."""
+    lines: List[str] = []
+    for entry in journal.modules:
+        backup = entry.module_backup or "none (there was no module file before)"
+        lines += ["", entry.module]
+        lines += _fields(
+            [
+                ("Live", entry.stable_path),
+                ("Inode", f"{entry.stage_ino}, was {entry.live_ino}"),
+                ("Previous", entry.retired_path),
+                ("Module file", entry.module_file),
+                ("Previous file", backup),
+            ],
+            "  ",
+            _MODULE_LABEL,
+        )
+    return lines
+
+
+# The widest label of a module's lines, and the colon.
+_MODULE_LABEL = len("Previous file:")
+
+
+def rebuild(result: Mapping[str, Any], context: Context) -> str:
+    """A published rebuild: what is live now, what is kept, and how to undo it."""
+    if result.get("dry_run"):
+        return _rebuild_dry_run(result)
+    journal = context.journal(result["run_id"])
+    count = len(journal.modules)
+    noun = "module" if count == 1 else "modules"
+    lines = wrap(
+        f"Published run {result['run_id']}: {count} {noun} swapped in "
+        f"(backend {_backend(result['backend'])})."
+    )
+    lines += _published_modules(journal)
+    lines += [
+        "",
+        *wrap(
+            "The previous trees stay for the jobs still running from them and for rollback, until gc "
+            "removes them."
+        ),
+        *command("Undo", context.suggest("rollback", result["run_id"])),
+    ]
+    return _done(lines)
+
+
+def _rebuild_dry_run(result: Mapping[str, Any]) -> str:
+    lines = wrap(
+        f"Dry run: would rebuild {', '.join(result['modules'])} with backend {_backend(result['backend'])}, "
+        f"building in {result['generation']}; nothing was built or changed."
+    )
+    # One argument a line, continued as a shell would read it: a long path stays whole.
+    words = [shlex.quote(word) for word in result["command"]]
+    lines += ["EasyBuild's command:", *(f"  {word} \\" for word in words[:-1]), f"  {words[-1]}"]
+    if result["removed_options"]:
+        lines += wrap("Left out of EasyBuild's options: " + " ".join(result["removed_options"]))
+    if result["removed_environment"]:
+        lines += wrap("Left out of EasyBuild's environment: " + " ".join(result["removed_environment"]))
+    return _done(lines)
+
+
+def resume(result: Mapping[str, Any], context: Context) -> str:
+    """Each run that resume finished or reversed; a line when there was none."""
+    changed = [run for run in result["runs"] if run["changed"]]
+    waiting = [run for run in result["runs"] if not run["changed"] and run["actions"]]
+    lines: List[str] = []
+    for run in changed:
+        if lines:
+            lines.append("")
+        state = RunState(run["state"])
+        lines += wrap(f"Resumed run {run['run_id']}: {context.style.state(state.value)}.")
+        lines += [line for action in run["actions"] for line in wrap(action, "  ")]
+        if state is RunState.PUBLISHED:
+            lines += _published_modules(context.journal(run["run_id"]))
+            lines += ["", *command("Undo", context.suggest("rollback", run["run_id"]))]
+        else:
+            lines += wrap("The trees are as they were before the run; there is nothing to undo.", "  ")
+    for run in waiting:
+        lines += wrap(f"Run {run['run_id']} ({run['state']}): {run['actions'][0]}")
+    if not changed and not waiting:
+        lines = ["Nothing to resume: no run is interrupted."]
+    return _done(lines)
+
+
+def rollback(result: Mapping[str, Any], context: Context) -> str:
+    """A rollback: what is live again, what is kept, and the command that publishes it again."""
+    run_id = result["run_id"]
+    if result.get("dry_run"):
+        verb = "would roll back" if result["would_change"] else "has nothing to roll back in"
+        return _done(wrap(f"Dry run: {verb} run {run_id} ({result['state']}); nothing was changed."))
+    if not result["changed"]:
+        return _done(wrap(f"Run {run_id} is {result['state']}: nothing to roll back, nothing changed."))
+    journal = context.journal(run_id)
+    if journal.run.kind is RunKind.RETIRE:
+        lines = wrap(f"Rolled back run {run_id}: module file {journal.run.module_file} is back in place.")
+        undo = context.suggest("retire", journal.run.module_file, "--reason", journal.run.reason or "")
+        return _done([*lines, "", *command("Undo", undo)])
+    lines = wrap(f"Rolled back run {run_id}: the previous trees are live again.")
+    for entry in journal.modules:
+        restored = entry.module_backup or "none: the module file is removed, as there was none before"
+        lines += ["", entry.module]
+        lines += _fields(
+            [
+                ("Live", entry.stable_path),
+                ("Inode", f"{entry.live_ino} again, was {entry.stage_ino}"),
+                ("Rolled back", entry.retired_path),
+                ("Module file", entry.module_file),
+                ("Restored from", restored),
+            ],
+            "  ",
+            _MODULE_LABEL,
+        )
+    lines += [
+        "",
+        *wrap("The rolled-back builds stay until gc removes them."),
+        *command("Undo (build and publish again)", _rebuild_command(journal, context)),
+    ]
+    return _done(lines)
+
+
+def _rebuild_command(journal: journals.Journal, context: Context) -> str:
+    request = journal.request
+    trees = journal.trees
+    installpath = os.path.dirname(trees.software)
+    if trees.software == os.path.join(installpath, "software") and trees.modules == os.path.join(
+        installpath, "modules"
+    ):
+        where = [f"--installpath={installpath}"]
+    else:
+        where = [f"--installpath-software={trees.software}", f"--installpath-modules={trees.modules}"]
+    modules = [f"--module={module}" for module in request.modules_requested]
+    return context.suggest("rebuild", *where, *modules, "--", *request.eb_args)
+
+
+def retire(result: Mapping[str, Any], context: Context) -> str:
+    """A retire: where the module file went, what stays, and how to undo it."""
+    if result.get("dry_run"):
+        return _done(wrap(f"Dry run: would retire {result['module_file']}; nothing was changed."))
+    run_id = result["run_id"]
+    if not result["changed"]:
+        return _done(wrap(f"{result['module_file']} is already retired by run {run_id}: nothing changed."))
+    journal = context.journal(run_id)
+    lines = wrap(f"Retired run {run_id}: the module file is out of MODULEPATH's way.")
+    lines += _fields(
+        [
+            ("Module file", result["module_file"]),
+            ("Kept at", result["retired_to"]),
+            ("Software", journal.run.software_dir),
+        ],
+        "  ",
+    )
+    lines += [
+        "",
+        *wrap(
+            "The software directory stays: gc names it for removal by hand once no tracked module "
+            "uses it and the grace period is over."
+        ),
+        *command("Undo", context.suggest("rollback", run_id)),
+    ]
+    return _done(lines)
+
+
+# gc
+
+
+def _fate(kind: str, dry_run: bool) -> str:
+    return "would remove" if dry_run and kind == "removed" else kind
+
+
+def collected(report: Mapping[str, Any], context: Context) -> str:
+    """gc: each tree removed, kept or left to the administrator, with why in words and, for
+    the grace period, the time left; then what gc could see and a final count."""
+    dry_run = report["dry_run"]
+    runs: Dict[str, journals.Journal] = {}
+
+    def run_of(run_id: str) -> journals.Journal:
+        if run_id not in runs:
+            runs[run_id] = context.journal(run_id)
+        return runs[run_id]
+
+    lines: List[str] = []
+    width = len("would remove") if dry_run else len("removed")
+    for kind, why in (("removed", lambda entry: ""), ("kept", None), ("manual", None)):
+        for entry in report[kind]:
+            label = context.style.state(f"{_fate(kind, dry_run):<{width}}")
+            lines.append(f"{label}  {entry['path']}")
+            reason = why(entry) if why else _reason(entry, report["grace_hours"], run_of, context.now)
+            lines += wrap(f"run {entry['run_id']}" + (f": {reason}" if reason else ""), " " * (width + 2))
+    for entry in report["interrupted"]:
+        lines += wrap(
+            f"{context.style.state('interrupted')}  run {entry['run_id']} ({entry['state']}): {entry['why']}"
+        )
+    lines += _incomplete(report["incomplete"], context.style)
+    if lines:
+        lines.append("")
+    lines += _seen(report)
+    lines.append(_count(report))
+    return _done(lines)
+
+
+def _reason(entry, grace_hours: float, run_of: Callable[[str], journals.Journal], now) -> str:
+    why = entry["why"]
+    if why != "grace period":
+        return why
+    ends = gc_module.grace_ends(run_of(entry["run_id"]), grace_hours)
+    left = (ends - now).total_seconds()
+    return f"grace period of {grace_hours:g} h, {duration(max(left, 0))} left (until {local_time(ends)})"
+
+
+def _seen(report: Mapping[str, Any]) -> List[str]:
+    """What gc looked at: this node's processes, Slurm's jobs, the fleet's answers."""
+    processes = report["processes"]
+    unreadable = f", {processes['unreadable']} unreadable" if processes["unreadable"] else ""
+    lines = wrap(f"Processes: {processes['scanned']} checked ({processes['seen']}{unreadable}).")
+    slurm = report["slurm"]
+    if slurm["answered"]:
+        noun = "job" if slurm["running"] == 1 else "jobs"
+        lines += wrap(
+            f"Slurm: {slurm['running']} running {noun}; a tree goes once no job that "
+            "started before its swap runs."
+        )
+    else:
+        lines += wrap(f"Slurm: {slurm['why']}; trees are kept for the grace period.")
+    fleet = report.get("fleet")
+    if fleet is not None and fleet["unanswered"]:
+        lines += wrap(f"Fleet: no answer from {', '.join(fleet['unanswered'])}: every tree is kept.")
+    return lines
+
+
+def _count(report: Mapping[str, Any]) -> str:
+    counts = [
+        f"{len(report['removed'])} {'would be removed' if report['dry_run'] else 'removed'}",
+        f"{len(report['kept'])} kept",
+        f"{len(report['manual'])} to remove by hand",
+    ]
+    if report["interrupted"]:
+        counts.append(f"{len(report['interrupted'])} interrupted")
+    return ", ".join(counts) + "."
+
+
+# probe
+
+
+def probed(result: Mapping[str, Any], context: Context) -> str:
+    """probe: what the filesystem and this host can do, and what to change."""
+    yes = {True: "works", False: "fails"}
+    lines = _fields(
+        [
+            ("Path", result["path"]),
+            ("Filesystem", result["filesystem"]),
+            (
+                "Exchange",
+                yes[result["exchange"]]
+                + (f" ({result['exchange_errno']})" if result["exchange_errno"] else ""),
+            ),
+            ("Publish", result["publish_method"]),
+            ("bwrap", yes[result["bwrap"]]),
+            ("userns", yes[result["userns"]]),
+            ("Backend", f"auto picks {result['auto_backend']}"),
+            ("EasyBuild", result["easybuild_version"] or "not found"),
+        ]
+    )
+    for line in result["recommendations"]:
+        lines += wrap(f"Recommended: {line}")
+    return _done(lines)
