@@ -12,7 +12,6 @@ EasyBuild skips them. HPCSTACK_DEMO_DIR puts the tree elsewhere (the tests do).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -111,77 +110,49 @@ def show_app(module_shell) -> bool:
 
 
 def staged_rebuild(env: dict, module_shell) -> int:
-    """Rebuild TinyApp through eb-staged-rebuild, roll it back, collect the old tree."""
-    live = DEMO / "software" / tinypkgs.APP / tinypkgs.VERSION
+    """Rebuild TinyApp through eb-staged-rebuild, roll it back, collect the old tree; each
+    command's own output is shown as it prints it for a person."""
     with tempfile.TemporaryDirectory(prefix="hpcstack-demo-") as tmp:
         tool_env = dict(env, PYTHONPATH=str(checkout.link_package(Path(tmp))))
 
-        def tool(*args: str) -> dict | None:
+        def tool(*args: str) -> bool:
             done = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "hpcstack_ops.staged_rebuild.cli",
-                    "--state-root",
-                    str(STATE),
-                    "--json",
-                    *args,
-                ],
+                [sys.executable, "-m", "hpcstack_ops.staged_rebuild.cli", "--state-root", str(STATE), *args],
                 env=tool_env,
                 capture_output=True,
                 text=True,
                 check=False,
             )
-            sys.stdout.write("".join("   " + line + "\n" for line in done.stderr.splitlines()))
-            return json.loads(done.stdout) if done.returncode == 0 else None
+            shown = done.stdout + "".join(
+                line + "\n" for line in done.stderr.splitlines() if not line.startswith("== ")
+            )
+            sys.stdout.write("".join("   " + line + "\n" for line in shown.splitlines()))
+            return done.returncode == 0
 
-        before = live.stat().st_ino
         module = f"{tinypkgs.APP}/{tinypkgs.VERSION}"
-        probed = tool("probe", f"--path={DEMO / 'software'}")
-        if probed is None:
+        # Each demo run is a run of its own: the journal of an earlier one stays under STATE.
+        run_id = "demo-" + time.strftime("%Y%m%dT%H%M%S")
+        say(f"eb-staged-rebuild probe --path {DEMO / 'software'}: what this filesystem and host can do")
+        if not tool("probe", f"--path={DEMO / 'software'}"):
             return 1
-        say(
-            f"probe: directory exchange {'works' if probed['exchange'] else 'fails'} on "
-            f"{probed['filesystem']}; bubblewrap {'works' if probed['bwrap'] else 'fails'}; user "
-            f"namespaces {'work' if probed['userns'] else 'fail'}; "
-            f"--backend auto picks {probed['auto_backend']}"
-        )
-        for line in probed["recommendations"]:
-            say(f"probe recommends: {line}")
         say(f"eb-staged-rebuild rebuild --module {module}: EasyBuild builds beside the live tree, sandboxed")
-        published = tool(
+        rebuilt = tool(
             "rebuild",
             f"--installpath={DEMO}",
             f"--module={module}",
             f"--eb={stackenv.find_eb()}",
+            f"--run-id={run_id}",
             "--",
             f"{tinypkgs.APP}-{tinypkgs.VERSION}.eb",
         )
-        if published is None:
+        if not rebuilt or not show_app(module_shell):
             return 1
-        retired = published["modules"][0]["retired_path"]
-        after = live.stat().st_ino
-        say(
-            f"built with backend {published['backend']}"
-            + (" (live trees read-only during the build)" if published["sandboxed"] else " (no sandbox)")
-        )
-        say(f"published run {published['run_id']}: {live} is now a new directory (inode {before} -> {after})")
-        say(
-            f"the previous tree stays at {retired} (inode {os.lstat(retired).st_ino}) "
-            "for jobs still running from it"
-        )
-        if not show_app(module_shell):
+        say(f"eb-staged-rebuild rollback {run_id}: the previous tree goes back in one exchange")
+        if not tool("rollback", run_id):
             return 1
-        say(f"eb-staged-rebuild rollback {published['run_id']}: the previous tree goes back in one exchange")
-        if tool("rollback", published["run_id"]) is None:
+        say("eb-staged-rebuild gc --grace-hours 0 --no-squeue: no job can hold the old tree here, so it goes")
+        if not tool("gc", "--grace-hours", "0", "--no-squeue"):
             return 1
-        say(f"{live} is the previous directory again (inode {live.stat().st_ino})")
-        say("eb-staged-rebuild gc --grace-hours 0: retired trees are removed (the default grace is 144 h)")
-        collected = tool("gc", "--grace-hours", "0")
-        if collected is None:
-            return 1
-        for item in collected["removed"]:
-            say(f"removed {item['path']}")
         return 0 if show_app(module_shell) else 1
 
 

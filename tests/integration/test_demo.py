@@ -60,19 +60,30 @@ def test_demo_rebuilds_through_the_staged_path_rolls_back_and_collects(demo_run)
 
     assert done.returncode == 0, done.stdout + done.stderr
     live = tree / "software" / "TinyApp" / "1.0"
-    published = [line for line in done.stdout.splitlines() if "is now a new directory" in line]
-    assert len(published) == 1
-    before, after = published[0].split("(inode ")[1].rstrip(")").split(" -> ")
+    # The tool's own text, indented under the demo's lines (probe, rebuild, rollback, gc),
+    # with a value or a command too long for its line put on the next one.
+    out = re.sub(r" \\\n +", " ", done.stdout)
+
+    def shown(label, value):
+        return re.search(rf"^ +{re.escape(label)}:\s+{re.escape(str(value))}$", out, re.M) is not None
+
+    assert shown("Backend", "auto picks bwrap")  # this machine has bubblewrap
+    (published,) = re.findall(
+        r"^   Published run (\S+): 1 module swapped in \(backend bwrap, sandboxed\)\.$", out, re.M
+    )
+    assert shown("Undo", f"eb-staged-rebuild --state-root {tree / '.eb-staged-rebuild'} rollback {published}")
+    ((after, before),) = re.findall(r"^     Inode: +(\d+), was (\d+)$", out, re.M)
     assert before != after
-    # This machine has bubblewrap, so auto picks the bwrap backend, and says so.
-    assert "--backend auto picks bwrap" in done.stdout
-    assert "built with backend bwrap (live trees read-only during the build)" in done.stdout
-    assert f"(inode {before}) for jobs still running from it" in done.stdout
-    assert f"{live} is the previous directory again (inode {before})" in done.stdout
+    assert shown("Live", live)
+    retired = live.parent / f".1.0.{published}"
+    assert shown("Previous", retired)
+    assert f"\n   Rolled back run {published}: the previous trees are live again.\n" in out
+    assert shown("Inode", f"{before} again, was {after}")
     assert live.stat().st_ino == int(before)
-    assert "removed " + str(live.parent / ".1.0.") in done.stdout
+    assert f"\n   removed  {retired}\n" in out
+    assert "\n   1 removed, 0 kept, 0 to remove by hand.\n" in out
     assert [p.name for p in live.parent.iterdir()] == ["1.0"]
-    assert done.stdout.count("tinyapp: hello from TinyLib 1.0") == 3
+    assert out.count("tinyapp: hello from TinyLib 1.0") == 3
 
 
 @DEMO_TREE

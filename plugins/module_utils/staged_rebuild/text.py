@@ -519,12 +519,16 @@ def collected(report: Mapping[str, Any], context: Context) -> str:
 
     lines: List[str] = []
     width = len("would remove") if dry_run else len("removed")
-    for kind, why in (("removed", lambda entry: ""), ("kept", None), ("manual", None)):
+    for kind in ("removed", "kept", "manual"):
         for entry in report[kind]:
             label = context.style.state(f"{_fate(kind, dry_run):<{width}}")
             lines.append(f"{label}  {entry['path']}")
-            reason = why(entry) if why else _reason(entry, report["grace_hours"], run_of, context.now)
-            lines += wrap(f"run {entry['run_id']}" + (f": {reason}" if reason else ""), " " * (width + 2))
+            # An old tree's name ends with its run's id; a retired software directory's does not.
+            run = "" if entry["path"].endswith("." + entry["run_id"]) else f"run {entry['run_id']}"
+            reason = "" if kind == "removed" else _reason(entry, report["grace_hours"], run_of, context.now)
+            said = ": ".join(part for part in (run, reason) if part)
+            if said:
+                lines += wrap(said, " " * (width + 2))
     for entry in report["interrupted"]:
         lines += wrap(
             f"{context.style.state('interrupted')}  run {entry['run_id']} ({entry['state']}): {entry['why']}"
@@ -543,7 +547,7 @@ def _reason(entry, grace_hours: float, run_of: Callable[[str], journals.Journal]
         return why
     ends = gc_module.grace_ends(run_of(entry["run_id"]), grace_hours)
     left = (ends - now).total_seconds()
-    return f"grace period of {grace_hours:g} h, {duration(max(left, 0))} left (until {local_time(ends)})"
+    return f"grace period of {grace_hours:g} h: {duration(max(left, 0))} left, until {local_time(ends)}"
 
 
 def _seen(report: Mapping[str, Any]) -> List[str]:
@@ -594,7 +598,10 @@ def probed(result: Mapping[str, Any], context: Context) -> str:
             ),
             ("Publish", result["publish_method"]),
             ("bwrap", yes[result["bwrap"]]),
-            ("userns", yes[result["userns"]]),
+            (
+                "userns",
+                yes[result["userns"]] + f" (user.max_user_namespaces = {result['max_user_namespaces']})",
+            ),
             ("Backend", f"auto picks {result['auto_backend']}"),
             ("EasyBuild", result["easybuild_version"] or "not found"),
         ]

@@ -8,6 +8,7 @@ build.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -16,7 +17,7 @@ import signal
 import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import backends, cli
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import backends, cli, text
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import journal as journals
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild.journal import RunState
 from tests.support.staged import FAKE_EB, StagedSite
@@ -122,7 +123,8 @@ def test_status_as_text_is_a_table_with_a_header_and_the_next_command(site, caps
     assert lines[1].split()[:3] == ["run1", "publish", "building"]
     assert lines[1].endswith(" ago)  " + APP)
     assert _commands_joined(out).endswith(
-        f"\nRun run1 is interrupted (building); next: eb-staged-rebuild --state-root {site.state_root} resume\n"
+        "\nRun run1 is interrupted (building); next: "
+        f"eb-staged-rebuild --state-root {site.state_root} resume\n"
     )
 
 
@@ -571,3 +573,22 @@ def test_rebuild_then_rollback_in_process(installed, capsys):
     assert json.loads(capsys.readouterr().out) == {"run_id": "run1", "changed": True, "state": "rolled_back"}
     assert installed.live(APP).stat().st_ino == old_inode
     assert installed.payload(APP) == "old"
+
+
+def test_a_result_that_cannot_be_worded_is_shown_as_json_with_a_warning(installed, capsys, monkeypatch):
+    # The journal read that words the result fails (EIO) after the rebuild published: the
+    # disk failing at that moment is what cannot be made to happen here on demand.
+    def unreadable(context, run_id):
+        raise OSError(errno.EIO, "Input/output error", str(installed.state_root / "runs" / run_id))
+
+    monkeypatch.setattr(text.Context, "journal", unreadable)
+
+    code = _main(installed, *_rebuild_args(installed))
+
+    captured = capsys.readouterr()
+    assert code == 0
+    assert json.loads(captured.out)["state"] == "published"
+    assert captured.err.splitlines()[-1] == (
+        f"{PROG}warning: the result is shown as JSON (Input/output error ({installed.state_root}/runs/run1))"
+    )
+    assert installed.payload(APP) == "new build"
