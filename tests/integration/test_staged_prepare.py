@@ -24,7 +24,7 @@ def _errors(stderr: str) -> list:
     return [
         line
         for line in stderr.splitlines()
-        if not line.startswith("== ") and not line.startswith("eb-staged-rebuild: warning: backend installpath:")
+        if not line.startswith(("== ", "eb-staged-rebuild: warning: backend installpath:"))
     ]
 
 
