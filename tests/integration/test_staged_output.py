@@ -26,7 +26,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -35,6 +34,7 @@ from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import journal as journals
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild.journal import RunState
 from tests.support.staged import FAKE_EB, StagedSite
+from tests.support.timezone import local_zone
 from tests.unit.plugins.module_utils.staged_rebuild.journal_records import publish_journal, trees_of
 
 HELLO, ZLIB = "hello/1.0", "zlib/1.3"
@@ -83,15 +83,8 @@ def _fix_times(state_root):
 @pytest.fixture
 def berlin():
     """Local time is Europe/Berlin (UTC+1 in March) for the test."""
-    before = os.environ.get("TZ")
-    os.environ["TZ"] = "Europe/Berlin"
-    time.tzset()
-    yield
-    if before is None:
-        del os.environ["TZ"]
-    else:
-        os.environ["TZ"] = before
-    time.tzset()
+    with local_zone("Europe/Berlin"):
+        yield
 
 
 @pytest.fixture
@@ -309,6 +302,33 @@ Slurm: not asked (--no-squeue); trees are kept for the grace period.
 """
 
 
+STATUS_RETIRE = """\
+Run:         {retire}
+Kind:        retire
+State:       retired since 2026-03-02 11:05:00 (1 day ago)
+Created:     2026-03-02 11:00:00 (1 day ago)
+Journal:     {root}/state/runs/{retire}/journal.json
+Module file: {root}/apps/modules/all/zlib/1.3.lua
+Retired to:
+  {root}/state/retired/{stamp}{root}/apps/modules/all/zlib/1.3.lua (exists)
+Software:    {root}/apps/software/zlib/1.3
+Reason:      replaced by zlib/1.3.1
+
+Undo:
+  eb-staged-rebuild --state-root {root}/state rollback \\
+    {retire}
+"""
+
+ROLLBACK_RETIRE = """\
+Rolled back run {retire}: module file
+  {root}/apps/modules/all/zlib/1.3.lua is back in place.
+
+Undo:
+  eb-staged-rebuild --state-root {root}/state retire \\
+    {root}/apps/modules/all/zlib/1.3.lua --reason 'replaced by zlib/1.3.1'
+"""
+
+
 def _scan(out):
     """What gc says of its scan of this host's processes: how many it read and which (every
     process as root, a user's own otherwise), which no test can fix."""
@@ -358,6 +378,15 @@ def test_each_command_prints_the_expected_text(site, capsys, berlin):
     code, out, err = tool("gc", "--no-squeue", "--grace-hours", "0")
     assert (code, out, err) == (0, GC.format(**fill, **_scan(out)), "")
 
+    assert tool("status", retire) == (0, STATUS_RETIRE.format(**fill), "")
+    assert tool("rollback", retire) == (0, ROLLBACK_RETIRE.format(**fill), "")
+    assert site.module_file(ZLIB).is_file()
+    assert tool("rollback", "r2") == (
+        0,
+        "Run r2 is rolled_back: nothing to roll back, nothing changed.\n",
+        "",
+    )
+
 
 # --json: byte for byte what the release before the text output printed
 
@@ -395,6 +424,10 @@ def json_documents(site: StagedSite) -> dict:
     run("resume again", "resume")
     run("status r3", "status", "r3")
     run("gc", "gc", "--no-squeue", "--grace-hours", "0")
+    (retire,) = [run.name for run in (site.state_root / "runs").iterdir() if run.name.startswith("retire-")]
+    run("status retire", "status", retire)
+    run("rollback retire", "rollback", retire)
+    run("rollback r2 again", "rollback", "r2")
     return documents
 
 

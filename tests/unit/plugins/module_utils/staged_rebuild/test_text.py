@@ -10,12 +10,12 @@ import datetime
 import os
 import re
 import shlex
-import time
 
 import pytest
 
 import checkout
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import cli, text
+from tests.support.timezone import local_zone
 
 UTC = datetime.timezone.utc
 
@@ -41,15 +41,8 @@ def test_a_duration_is_two_units_at_most_rounded_down(seconds, words):
 
 @pytest.fixture
 def new_york():
-    before = os.environ.get("TZ")
-    os.environ["TZ"] = "America/New_York"
-    time.tzset()
-    yield
-    if before is None:
-        del os.environ["TZ"]
-    else:
-        os.environ["TZ"] = before
-    time.tzset()
+    with local_zone("America/New_York"):
+        yield
 
 
 def test_a_time_is_local_to_the_second_with_how_long_ago(new_york):
