@@ -424,15 +424,13 @@ def resume(result: Mapping[str, Any], context: Context) -> str:
 def rollback(result: Mapping[str, Any], context: Context) -> str:
     """A rollback: what is live again, what is kept, and the command that publishes it again."""
     run_id = result["run_id"]
-    if result.get("dry_run"):
-        verb = "would roll back" if result["would_change"] else "has nothing to roll back in"
-        return _done(wrap(f"Dry run: {verb} run {run_id} ({result['state']}); nothing was changed."))
     if not result["changed"]:
         return _done(wrap(f"Run {run_id} is {result['state']}: nothing to roll back, nothing changed."))
     journal = context.journal(run_id)
     if journal.run.kind is RunKind.RETIRE:
-        lines = wrap(f"Rolled back run {run_id}: module file {journal.run.module_file} is back in place.")
-        undo = context.suggest("retire", journal.run.module_file, "--reason", journal.run.reason or "")
+        module_file = str(journal.run.module_file)
+        lines = wrap(f"Rolled back run {run_id}: module file {module_file} is back in place.")
+        undo = context.suggest("retire", module_file, "--reason", journal.run.reason or "")
         return _done([*lines, "", *command("Undo", undo)])
     lines = wrap(f"Rolled back run {run_id}: the previous trees are live again.")
     for entry in journal.modules:
@@ -473,8 +471,6 @@ def _rebuild_command(journal: journals.Journal, context: Context) -> str:
 
 def retire(result: Mapping[str, Any], context: Context) -> str:
     """A retire: where the module file went, what stays, and how to undo it."""
-    if result.get("dry_run"):
-        return _done(wrap(f"Dry run: would retire {result['module_file']}; nothing was changed."))
     run_id = result["run_id"]
     if not result["changed"]:
         return _done(wrap(f"{result['module_file']} is already retired by run {run_id}: nothing changed."))

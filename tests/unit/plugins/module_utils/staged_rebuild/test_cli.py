@@ -21,7 +21,11 @@ from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import journal as journals
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild.journal import RunState
 from tests.support.staged import FAKE_EB, StagedSite
-from tests.unit.plugins.module_utils.staged_rebuild.journal_records import publish_journal, trees_of
+from tests.unit.plugins.module_utils.staged_rebuild.journal_records import (
+    publish_journal,
+    retire_journal,
+    trees_of,
+)
 
 APP = "TinyApp/1.0"
 PROG = "eb-staged-rebuild: "
@@ -592,3 +596,23 @@ def test_a_result_that_cannot_be_worded_is_shown_as_json_with_a_warning(installe
         f"{PROG}warning: the result is shown as JSON (Input/output error ({installed.state_root}/runs/run1))"
     )
     assert installed.payload(APP) == "new build"
+
+
+def test_resume_as_text_names_an_interrupted_retire_and_the_rollback_that_resolves_it(site, capsys):
+    run_id = "retire-20261202T101500123456Z"
+    retire_journal(
+        site.state_root / "runs",
+        run_id,
+        module_file=site.module_file(APP),
+        software_dir=site.live(APP),
+        state=RunState.RETIRING,
+    )
+
+    code = _main(site, "resume")
+
+    assert code == 0
+    assert capsys.readouterr().out == (
+        f"Run {run_id} (retiring): retire record: 'eb-staged-rebuild rollback\n"
+        f"  {run_id}' resolves it\n"
+    )
+    assert journals.find(str(site.state_root), run_id).state is RunState.RETIRING
