@@ -242,7 +242,8 @@ def status(result: Mapping[str, Any], context: Context) -> str:
             lines += [
                 "",
                 *command(
-                    f"Run {run['run_id']} is interrupted ({run['state']}); next", _next_command(run, context)
+                    f"Run {run['run_id']} is interrupted ({run['state']}); next",
+                    _next_command(run["run_id"], RunKind(run["kind"]), context),
                 ),
             ]
     return _done(lines)
@@ -265,8 +266,8 @@ def _fields(pairs, indent: str = "", label_width: int = _LABEL) -> List[str]:
     return lines
 
 
-def _exists(path: str, exists: bool) -> str:
-    return f"{path} ({'exists' if exists else 'gone'})"
+def _exists(path: str) -> str:
+    return f"{path} ({'exists' if os.path.lexists(path) else 'gone'})"
 
 
 def _backend(name: str) -> str:
@@ -274,61 +275,62 @@ def _backend(name: str) -> str:
 
 
 def run_block(result: Mapping[str, Any], context: Context) -> str:
-    """``status RUN``: the run's facts, each module's paths, its steps, and what comes next."""
-    run = result["run"]
-    state = RunState(run["state"])
-    since = run.get("state_since") or run["updated"]
+    """``status RUN``: the run's facts, each module's paths, its steps, and what comes next
+    (from the run's journal: ``--json`` shows every field of it)."""
+    journal = context.journal(result["run"]["run_id"])
+    run = journal.run
+    backend = f", backend {_backend(run.backend)}" if run.backend else ""
     lines = _fields(
         [
-            ("Run", run["run_id"]),
-            ("Kind", run["kind"] + (f", backend {_backend(run['backend'])}" if run.get("backend") else "")),
-            ("State", f"{context.style.state(state.value)} since {when(since, context.now)}"),
-            ("Created", when(run["created"], context.now)),
-            ("Journal", result["run"]["journal"]),
+            ("Run", run.run_id),
+            ("Kind", run.kind.value + backend),
+            ("State", f"{context.style.state(run.state.value)} since {when(run.changed_since, context.now)}"),
+            ("Created", when(run.created, context.now)),
+            ("Journal", journal.path),
         ]
     )
-    if run["kind"] == RunKind.RETIRE.value:
-        retired_to = run["retired_to"]
+    if run.kind is RunKind.RETIRE:
+        retired_to = run.retired_to or ""
         lines += _fields(
             [
-                ("Module file", run["module_file"]),
-                ("Retired to", _exists(retired_to, os.path.lexists(retired_to)) if retired_to else ""),
-                ("Software", run["software_dir"]),
-                ("Reason", run["reason"]),
+                ("Module file", run.module_file or ""),
+                ("Retired to", _exists(retired_to) if retired_to else ""),
+                ("Software", run.software_dir or ""),
+                ("Reason", run.reason or ""),
             ]
         )
-    for entry in run["modules"]:
-        lines += ["", f"Module {entry['module']}"]
+    for entry in run.modules:
+        lines += ["", f"Module {entry.module}"]
         lines += _fields(
             [
-                ("Live", entry["stable_path"]),
-                ("Retired", _exists(entry["retired_path"], entry["retired_path_exists"])),
-                ("Module file", entry["module_file"]),
+                ("Live", entry.stable_path),
+                ("Retired", _exists(entry.retired_path)),
+                ("Module file", entry.module_file),
             ],
             "  ",
         )
-    if run["steps"]:
+    if run.steps:
         lines += ["", "Steps:"]
-        for step in run["steps"]:
-            unfinished = "" if step["status"] == journals.StepStatus.DONE.value else "  (started, not done)"
-            lines.append(f"  {local_time(_parse(step['at']))}  {step['step']}{unfinished}")
-    lines += _next(run, state, context)
+        for step in run.steps:
+            unfinished = "" if step.status is journals.StepStatus.DONE else "  (started, not done)"
+            lines.append(f"  {local_time(_parse(step.at))}  {step.step}{unfinished}")
+    lines += _next(run.run_id, run.kind, run.state, context)
     return _done(lines)
 
 
-def _next_command(run, context: Context) -> str:
+def _next_command(run_id: str, kind: RunKind, context: Context) -> str:
     """What finishes an interrupted run: ``resume`` for a rebuild, ``rollback RUN`` for a retire."""
-    if run["kind"] == RunKind.RETIRE.value:
-        return context.suggest("rollback", run["run_id"])
+    if kind is RunKind.RETIRE:
+        return context.suggest("rollback", run_id)
     return context.suggest("resume")
 
 
-def _next(run, state: RunState, context: Context) -> List[str]:
+def _next(run_id: str, kind: RunKind, state: RunState, context: Context) -> List[str]:
     """The command that comes next for a run in ``state``: finish it, or undo it."""
     if state in journals.INTERRUPTED:
-        return ["", *command("Next", _next_command(run, context))]
+        return ["", *command("Next", _next_command(run_id, kind, context))]
     if state in (RunState.PUBLISHED, RunState.RETIRED):
-        return ["", *command("Undo", context.suggest("rollback", run["run_id"]))]
+        return ["", *command("Undo", context.suggest("rollback", run_id))]
     return []
 
 
