@@ -549,6 +549,15 @@ def case_gc_negative_grace_hours(bench):
     return Attempt(["gc", "--grace-hours", "-1"], ("--grace-hours must not be negative",))
 
 
+@case("gc-grace-hours-past-any-date")
+def case_gc_grace_hours_past_any_date(bench):
+    bench.history()
+    return Attempt(
+        ["gc", "--dry-run", "--grace-hours", "1e12"],
+        ("--grace-hours must be at most 876000 hours (100 years), not 1e+12",),
+    )
+
+
 @case("gc-grace-hours-from-the-environment-not-a-number")
 def case_gc_grace_hours_from_the_environment_not_a_number(bench):
     bench.history()

@@ -29,6 +29,7 @@ EB_VARIABLE = "EB_STAGED_REBUILD_EB"
 GRACE_HOURS_VARIABLE = "EB_STAGED_REBUILD_GRACE_HOURS"
 BACKEND_VARIABLE = "EB_STAGED_REBUILD_BACKEND"
 DEFAULT_GRACE_HOURS = 144.0
+MAX_GRACE_HOURS = 876000  # 100 years
 # Flags whose spelling is not the option's name with dashes.
 _FLAGS = {"modules": "--module", "eb_args": "EasyBuild's arguments after --"}
 
@@ -163,6 +164,11 @@ def grace_hours(values: Mapping[str, Any], environ: Mapping[str, str]) -> float:
         raise errors.UsageError(f"{setting('grace_hours')} must be a finite number of hours, not {hours}")
     if hours < 0:
         raise errors.UsageError(f"{setting('grace_hours')} must not be negative")
+    if hours > MAX_GRACE_HOURS:
+        # Past this the end of the grace period is no date a clock reaches (nor one Python holds).
+        raise errors.UsageError(
+            f"{setting('grace_hours')} must be at most {MAX_GRACE_HOURS} hours (100 years), not {hours:g}"
+        )
     return hours
 
 

@@ -612,7 +612,6 @@ def test_resume_as_text_names_an_interrupted_retire_and_the_rollback_that_resolv
 
     assert code == 0
     assert capsys.readouterr().out == (
-        f"Run {run_id} (retiring): retire record: 'eb-staged-rebuild rollback\n"
-        f"  {run_id}' resolves it\n"
+        f"Run {run_id} (retiring): retire record: 'eb-staged-rebuild rollback\n  {run_id}' resolves it\n"
     )
     assert journals.find(str(site.state_root), run_id).state is RunState.RETIRING
