@@ -174,6 +174,17 @@ def _rollout_and_removal_under_load(
             again = guard.role(f"{name}: the role again", inventory, **settings)
             assert (again.done.returncode, again.failed, again.changed) == (0, 0, 0), again.output[-6000:]
 
+            # The kept line gone from the owner (another host kept it): refused, the line as it is.
+            owner_node = guard.cluster.node(owner)
+            owner_node.run(["mv", STATE_FILE, f"{STATE_FILE}.away"])
+            try:
+                lost = guard.role(f"{name}: the kept line elsewhere (refused)", inventory, **settings)
+            finally:
+                owner_node.run(["mv", f"{STATE_FILE}.away", STATE_FILE])
+            assert lost.done.returncode == 2, lost.output[-6000:]
+            assert f"but {STATE_FILE} is not there" in lost.stdout
+            assert _conf(guard) == installed
+
             removing = time.monotonic()
             removal = guard.role(f"{name}: absent", inventory, **dict(settings, arch_guard_state="absent"))
             removed = time.monotonic()
@@ -239,6 +250,21 @@ def configless(guard: ClusterGuard):
         guard.restart_slurm(configless=False)
 
 
+def test_hosts_that_read_a_shared_file_and_their_own_at_once_are_refused(guard):
+    before = _conf(guard)
+    inventory = _inventory(guard, "mixed", ["c1", "c2", "c3"])
+    with guard.shared_slurm_conf(("c1", "c2")):
+        play = guard.role("c1 and c2 one file, c3 its own (refused)", inventory, **_settings(guard))
+
+    assert play.done.returncode == 2, play.output[-6000:]
+    assert (
+        "the hosts of this play read 2 different slurm.conf, some of them shared (c1, c2; c3)" in play.stdout
+    )
+    assert play.stdout.count("fatal: [") == 1, play.stdout[-6000:]
+    assert _conf(guard) == before
+    _assert_nothing_installed(guard)
+
+
 class TestSharedSlurmConf:
     """One ``/etc/slurm`` for every node, whose TaskProlog line is the site's own."""
 
@@ -263,6 +289,20 @@ class TestConfigless:
         _refused_for_a_missing_node(
             guard, "configless-missing", {"controller": ["ctl"]}, arch_guard_slurm_conf_host="ctl"
         )
+
+    def test_configless_slurm_without_the_controller_named_is_refused(self, guard, configless):
+        before = _conf(guard)
+        inventory = _inventory(guard, "configless-unnamed", ["c1", "c2", "c3"])
+
+        play = guard.role(
+            "configless, no arch_guard_slurm_conf_host (refused)", inventory, **_settings(guard)
+        )
+
+        assert play.done.returncode == 2, play.output[-6000:]
+        assert "slurmd on c1, c2, c3 runs configless (--conf-server)" in play.stdout
+        assert play.stdout.count("fatal: [") == 1, play.stdout[-6000:]
+        assert _conf(guard) == before
+        _assert_nothing_installed(guard)
 
     def test_rollout_and_removal_fail_no_job(self, guard, configless, login_env):
         _rollout_and_removal_under_load(

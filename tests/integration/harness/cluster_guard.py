@@ -251,17 +251,21 @@ class ClusterGuard:
         namespace_cluster.wait_for_slurm(self.cluster)
 
     @contextlib.contextmanager
-    def shared_slurm_conf(self) -> Iterator[Path]:
-        """One ``/etc/slurm`` for the controller, the login node and the compute nodes, as a
-        site mounts it from a shared filesystem: a directory under the root, bound over each
-        node's own (the file in it is edited by rename, as over NFS). Its ``slurm.conf`` is
-        the controller's; the daemons read it at the next ``scontrol reconfigure``. Each
-        node's own directory comes back afterwards."""
-        shared = self.root / "shared-etc-slurm"
-        shared.mkdir(mode=0o755)
+    def shared_slurm_conf(self, names: tuple = ()) -> Iterator[Path]:
+        """One ``/etc/slurm`` for the controller, the login node and the compute nodes (or
+        the nodes ``names``), as a site mounts it from a shared filesystem: a directory under
+        the root, bound over each node's own (the file in it is edited by rename, as over
+        NFS). Its ``slurm.conf`` is the controller's; the daemons read it at the next
+        ``scontrol reconfigure``. Each node's own directory comes back afterwards."""
+        shared = Path(tempfile.mkdtemp(prefix="shared-etc-slurm-", dir=self.root))
+        shared.chmod(0o755)
         (shared / "slurm.conf").write_text(self.cluster.controller.read(SLURM_CONF))
         (shared / "slurm.conf").chmod(0o644)
-        nodes = [self.cluster.controller, self.login, *self.compute]
+        nodes = [self.cluster.node(name) for name in names] or [
+            self.cluster.controller,
+            self.login,
+            *self.compute,
+        ]
         bound = []
         try:
             for node in nodes:
