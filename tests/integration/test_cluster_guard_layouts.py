@@ -179,11 +179,19 @@ def _rollout_and_removal_under_load(
             owner_node.run(["mv", STATE_FILE, f"{STATE_FILE}.away"])
             try:
                 lost = guard.role(f"{name}: the kept line elsewhere (refused)", inventory, **settings)
+                unkept = guard.role(
+                    f"{name}: absent, the kept line elsewhere (refused)",
+                    inventory,
+                    **dict(settings, arch_guard_state="absent"),
+                )
             finally:
                 owner_node.run(["mv", f"{STATE_FILE}.away", STATE_FILE])
-            assert lost.done.returncode == 2, lost.output[-6000:]
-            assert f"but {STATE_FILE} is not there" in lost.stdout
+            for refused in (lost, unkept):
+                assert refused.done.returncode == 2, refused.output[-6000:]
+                assert f"but {STATE_FILE} is not there" in refused.stdout
             assert _conf(guard) == installed
+            for node in guard.compute:
+                assert node.run(["test", "-x", LAUNCHER], check=False).returncode == 0, node.name
 
             removing = time.monotonic()
             removal = guard.role(f"{name}: absent", inventory, **dict(settings, arch_guard_state="absent"))
