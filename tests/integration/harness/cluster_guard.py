@@ -298,7 +298,7 @@ class LoopJob:
         """Node -> the ``key=value`` fields its task printed."""
         found = {}
         for line in self.stdout.splitlines():
-            _rank, _, text = line.partition(": ")
+            text = line.partition(": ")[2]
             if text.startswith("task "):
                 fields = dict(item.split("=", 1) for item in text.split()[1:])
                 found[fields["node"]] = fields
