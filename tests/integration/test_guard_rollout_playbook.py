@@ -37,6 +37,9 @@ def fleet(job_root, tmp_path, unprivileged_user):
         "guard_slurm_node": node,
         "arch_guard_prefix": str(job_root / "opt" / "arch-guard"),
         "arch_guard_manage_slurm_conf": True,
+        # Both hosts are this machine and read its one slurm.conf: named per-node files, so
+        # that the fleet takes the per-node order (canary, then batches).
+        "arch_guard_slurm_conf_layout": "per_node",
         "arch_guard_slurm_conf": str(job_root / "slurm" / "slurm.conf"),
         "arch_guard_state_dir": str(job_root / "state"),
         "guard_eessi_root": str(job_root / "eessi"),

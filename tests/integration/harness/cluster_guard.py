@@ -22,6 +22,7 @@ import json
 import shlex
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +62,12 @@ ROLE_PLAYBOOK = """\
 """
 # Where on a node (its own /var) the archdetect stand-in logs its runs: one log per node.
 RUNLOG = "/var/tmp/eessi-archdetect-runs"
+# The job loop's period, and what each task of its jobs prints: its node, the guard's marker
+# and the site TaskProlog's variable.
+LOOP_PERIOD = 2.0
+LOOP_TASK = (
+    'echo "task node=${SLURMD_NODENAME-} reloaded=${EESSI_ARCH_GUARD_RELOADED-} site=${SITE_TASK_PROLOG-}"'
+)
 
 
 def target_of(cpu_file: str) -> str:
@@ -242,6 +249,111 @@ class ClusterGuard:
             node.run(["rm", "-rf", "/var/spool/slurmd/conf-cache", "/run/slurm/conf"])
             node.run(["slurmd", "--conf-server", ctl.address] if configless else ["slurmd"])
         namespace_cluster.wait_for_slurm(self.cluster)
+
+    @contextlib.contextmanager
+    def shared_slurm_conf(self, names: tuple = ()) -> Iterator[Path]:
+        """One ``/etc/slurm`` for the controller, the login node and the compute nodes (or
+        the nodes ``names``), as a site mounts it from a shared filesystem: a directory under
+        the root, bound over each node's own (the file in it is edited by rename, as over
+        NFS). Its ``slurm.conf`` is the controller's; the daemons read it at the next
+        ``scontrol reconfigure``. Each node's own directory comes back afterwards."""
+        shared = Path(tempfile.mkdtemp(prefix="shared-etc-slurm-", dir=self.root))
+        shared.chmod(0o755)
+        (shared / "slurm.conf").write_text(self.cluster.controller.read(SLURM_CONF))
+        (shared / "slurm.conf").chmod(0o644)
+        nodes = [self.cluster.node(name) for name in names] or [
+            self.cluster.controller,
+            self.login,
+            *self.compute,
+        ]
+        bound = []
+        try:
+            for node in nodes:
+                node.run(["mount", "--bind", str(shared), "/etc/slurm"])
+                bound.append(node)
+            self.cluster.controller.run(["scontrol", "reconfigure"])
+            yield shared / "slurm.conf"
+        finally:
+            for node in bound:
+                node.run(["umount", "/etc/slurm"], check=False)
+            self.cluster.controller.run(["scontrol", "reconfigure"], check=False)
+            namespace_cluster.wait_for_slurm(self.cluster)
+
+    def job_loop(self, work: Path, env: dict, period: float = LOOP_PERIOD) -> JobLoop:
+        """``srun -N3`` from the login node every ``period`` seconds, until stopped."""
+        return JobLoop(self, work, env, period)
+
+
+@dataclass
+class LoopJob:
+    """One of the loop's jobs: when it was submitted and finished (monotonic), and how."""
+
+    started: float
+    ended: float
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def tasks(self) -> dict:
+        """Node -> the ``key=value`` fields its task printed."""
+        found = {}
+        for line in self.stdout.splitlines():
+            text = line.partition(": ")[2]
+            if text.startswith("task "):
+                fields = dict(item.split("=", 1) for item in text.split()[1:])
+                found[fields["node"]] = fields
+        return found
+
+    def lines(self, rank: str) -> list:
+        """The output of task ``rank`` (prologs' ``print`` lines first), unlabelled."""
+        prefix = f"{rank}: "
+        return [line[len(prefix) :] for line in self.stdout.splitlines() if line.startswith(prefix)]
+
+
+class JobLoop:
+    """A thread that submits ``srun -N3 -n3`` from the login node every ``period`` seconds, as
+    users do while the guard is rolled out, and keeps every job's outcome."""
+
+    def __init__(self, guard: ClusterGuard, work: Path, env: dict, period: float) -> None:
+        self.guard, self.work, self.env, self.period = guard, work, env, period
+        self.jobs: list = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> JobLoop:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(JOB_TIMEOUT + 10)
+
+    def _run(self) -> None:
+        argv = ["srun", "--quiet", "-N3", "-n3", "--overcommit", "--label", "/bin/sh", "-c", LOOP_TASK]
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                done = self.guard.login.run(
+                    argv, env=self.env, workdir=str(self.work), timeout=JOB_TIMEOUT, check=False
+                )
+                outcome = (done.returncode, done.stdout, done.stderr)
+            except Exception as problem:  # a hung srun is a failed job too
+                outcome = (-1, "", repr(problem))
+            self.jobs.append(LoopJob(started, time.monotonic(), *outcome))
+            self._stop.wait(max(0.0, self.period - (time.monotonic() - started)))
+
+    def wait_for(self, count: int, after: float) -> None:
+        """Until ``count`` jobs submitted after ``after`` have finished."""
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while len([job for job in self.jobs if job.started > after]) < count:
+            assert time.monotonic() < deadline, f"the loop ran {len(self.jobs)} jobs"
+            time.sleep(POLL_SECONDS)
+
+    def failed(self) -> list:
+        return [job for job in self.jobs if job.returncode != 0 or len(job.tasks()) != 3]
 
 
 def _stop(node: namespace_cluster.Node, pid_file: str, timeout: float = 30) -> None:
