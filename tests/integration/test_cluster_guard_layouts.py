@@ -89,7 +89,7 @@ def _cleanup(guard: ClusterGuard, before: str) -> None:
         node.run(["rm", "-rf", PREFIX, "/var/lib/hpcstack"])
 
 
-def _refused_for_a_missing_node(guard: ClusterGuard, name: str, groups: dict, **more) -> None:
+def _assert_refused_for_a_missing_node(guard: ClusterGuard, name: str, groups: dict, **more) -> None:
     """guard_rollout.yml over c1 and c2 only: c3 reads the configuration too."""
     before = _conf(guard)
     inventory = _inventory(guard, name, ["c1", "c2"], **groups)
@@ -131,7 +131,7 @@ def _assert_site_output_first(job: LoopJob) -> None:
         assert site[0] < guard[0], (rank, lines)
 
 
-def _rollout_and_removal_under_load(
+def _assert_rollout_and_removal_under_load(
     guard: ClusterGuard, login_env: dict, name: str, groups: dict, *, site: bool, owner: str, **more
 ) -> None:
     """The rollout, an idempotent rerun and the removal, with the job loop running all along."""
@@ -277,12 +277,12 @@ class TestSharedSlurmConf:
     """One ``/etc/slurm`` for every node, whose TaskProlog line is the site's own."""
 
     def test_a_node_missing_from_the_inventory_stops_the_play_before_the_line_changes(self, guard, shared):
-        _refused_for_a_missing_node(guard, "shared-missing", {})
+        _assert_refused_for_a_missing_node(guard, "shared-missing", {})
 
     def test_rollout_and_removal_fail_no_job_chain_the_site_s_prolog_and_put_its_line_back(
         self, guard, shared, login_env
     ):
-        _rollout_and_removal_under_load(guard, login_env, "shared", {}, site=True, owner="c1")
+        _assert_rollout_and_removal_under_load(guard, login_env, "shared", {}, site=True, owner="c1")
 
 
 # ------------------------------------------------------------------ configless Slurm
@@ -294,7 +294,7 @@ class TestConfigless:
     def test_a_node_missing_from_the_inventory_stops_the_play_before_the_line_changes(
         self, guard, configless
     ):
-        _refused_for_a_missing_node(
+        _assert_refused_for_a_missing_node(
             guard, "configless-missing", {"controller": ["ctl"]}, arch_guard_slurm_conf_host="ctl"
         )
 
@@ -313,7 +313,7 @@ class TestConfigless:
         _assert_nothing_installed(guard)
 
     def test_rollout_and_removal_fail_no_job(self, guard, configless, login_env):
-        _rollout_and_removal_under_load(
+        _assert_rollout_and_removal_under_load(
             guard,
             login_env,
             "configless",
