@@ -1,7 +1,8 @@
 """eb-staged-rebuild's output for people, command by command, on one small tree; ``--json`` unchanged.
 
 One scenario on a tree of two modules built by the test builder: two rebuilds, status,
-gc, a rollback, a retire, an interrupted run that resume ends, and gc again. The text test
+gc, a rollback, a retire, an interrupted run that resume ends, gc again, then the retire's
+block, its rollback and a rollback that changes nothing. The text test
 runs it in-process (``cli.main(argv, now=...)``) and compares every command's whole output
 with the text below. The times are made fixed through the journal's own values (each run's
 ``created``, ``state_since`` and step times are set to fixed moments before a command reads
@@ -12,8 +13,9 @@ not from the tool.
 The JSON test runs the same scenario through the real command and compares each ``--json``
 document with the one the release before the text output printed for it
 (``expected/staged_json.json``), after replacing what differs from run to run and nothing
-else: the checkout's and the test's directories, times, inode numbers, digests of files that hold the paths,
-the retire run's time stamp, and which and how many processes gc scanned.
+else: the checkout's and the test's directories, times, inode numbers, digests of files
+that hold the paths, the retire run's time stamp, and which and how many processes gc
+scanned.
 """
 
 from __future__ import annotations
