@@ -99,14 +99,7 @@ def rollout(guard: ClusterGuard):
     names = ["ctl", *[node.name for node in guard.compute]]
     before = guard.slurm_confs(names)
     inventory = guard.inventory("rollout", {"slurm_compute": [node.name for node in guard.compute]})
-    settings = {
-        "arch_guard_manage_slurm_conf": True,
-        "guard_batch": 1,
-        "guard_mismatch_target": guard.targets["login"],
-        "guard_eessi_setup": f". {guard.root / 'setup.sh'}",
-        "guard_eessi_root": str(guard.prefix.root),
-        "guard_srun_args": ["--overcommit", "--time=5"],
-    }
+    settings = guard.rollout_settings()
     play = guard.playbook(
         "guard_rollout.yml (canary, 2 batches, report)", "guard_rollout", inventory, settings
     )

@@ -53,18 +53,6 @@ def login_env(guard: ClusterGuard) -> dict:
     return guard.login_env(guard.login)
 
 
-def _settings(guard: ClusterGuard, **more) -> dict:
-    return {
-        "arch_guard_manage_slurm_conf": True,
-        "guard_batch": 1,
-        "guard_mismatch_target": guard.targets["login"],
-        "guard_eessi_setup": f". {guard.root / 'setup.sh'}",
-        "guard_eessi_root": str(guard.prefix.root),
-        "guard_srun_args": ["--overcommit", "--time=5"],
-        **more,
-    }
-
-
 def _inventory(guard: ClusterGuard, name: str, compute: list, **groups) -> Path:
     return guard.inventory(name, {"slurm_compute": compute, "guard_nodes": compute, **groups})
 
@@ -95,7 +83,10 @@ def _assert_refused_for_a_missing_node(guard: ClusterGuard, name: str, groups: d
     inventory = _inventory(guard, name, ["c1", "c2"], **groups)
     try:
         play = guard.playbook(
-            f"{name}: rollout, c3 not in the inventory", "guard_rollout", inventory, _settings(guard, **more)
+            f"{name}: rollout, c3 not in the inventory",
+            "guard_rollout",
+            inventory,
+            guard.rollout_settings(**more),
         )
 
         assert play.done.returncode == 2, play.output[-6000:]
@@ -140,7 +131,7 @@ def _assert_rollout_and_removal_under_load(
     saved = guard.root / f"{name}.slurm.conf.before"
     saved.write_text(before)
     inventory = _inventory(guard, name, ["c1", "c2", "c3"], **groups)
-    settings = _settings(guard, **more)
+    settings = guard.rollout_settings(**more)
     work = guard.workdir(f"loop-{name}")
     try:
         # Check mode: the change shown, once, and nothing written anywhere.
@@ -262,7 +253,7 @@ def test_hosts_that_read_a_shared_file_and_their_own_at_once_are_refused(guard):
     before = _conf(guard)
     inventory = _inventory(guard, "mixed", ["c1", "c2", "c3"])
     with guard.shared_slurm_conf(("c1", "c2")):
-        play = guard.role("c1 and c2 one file, c3 its own (refused)", inventory, **_settings(guard))
+        play = guard.role("c1 and c2 one file, c3 its own (refused)", inventory, **guard.rollout_settings())
 
     assert play.done.returncode == 2, play.output[-6000:]
     assert (
@@ -303,7 +294,7 @@ class TestConfigless:
         inventory = _inventory(guard, "configless-unnamed", ["c1", "c2", "c3"])
 
         play = guard.role(
-            "configless, no arch_guard_slurm_conf_host (refused)", inventory, **_settings(guard)
+            "configless, no arch_guard_slurm_conf_host (refused)", inventory, **guard.rollout_settings()
         )
 
         assert play.done.returncode == 2, play.output[-6000:]

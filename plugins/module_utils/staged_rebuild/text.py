@@ -25,7 +25,7 @@ import shlex
 import textwrap
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-from . import backends
+from . import backends, paths
 from . import gc as gc_module
 from . import journal as journals
 from .journal import RunKind, RunState
@@ -343,19 +343,20 @@ def _published_modules(journal: journals.Journal) -> List[str]:
     lines: List[str] = []
     for entry in journal.modules:
         backup = entry.module_backup or "none (there was no module file before)"
-        lines += ["", entry.module]
-        lines += _fields(
-            [
-                ("Live", entry.stable_path),
-                ("Inode", f"{entry.stage_ino}, was {entry.live_ino}"),
-                ("Previous", entry.retired_path),
-                ("Module file", entry.module_file),
-                ("Previous file", backup),
-            ],
-            "  ",
-            _MODULE_LABEL,
+        lines += _module_block(
+            entry,
+            ("Inode", f"{entry.stage_ino}, was {entry.live_ino}"),
+            ("Previous", entry.retired_path),
+            ("Previous file", backup),
         )
     return lines
+
+
+def _module_block(entry, inode, tree, module_file) -> List[str]:
+    """A module's lines after a swap: its live path, ``inode``, where the other tree is
+    (``tree``), its module file and where the other module file is (``module_file``)."""
+    rows = [("Live", entry.stable_path), inode, tree, ("Module file", entry.module_file), module_file]
+    return ["", entry.module, *_fields(rows, "  ", _MODULE_LABEL)]
 
 
 # The widest label of a module's lines, and the colon.
@@ -437,17 +438,11 @@ def rollback(result: Mapping[str, Any], context: Context) -> str:
     lines = wrap(f"Rolled back run {run_id}: the previous trees are live again.")
     for entry in journal.modules:
         restored = entry.module_backup or "none: the module file is removed, as there was none before"
-        lines += ["", entry.module]
-        lines += _fields(
-            [
-                ("Live", entry.stable_path),
-                ("Inode", f"{entry.live_ino} again, was {entry.stage_ino}"),
-                ("Rolled back", entry.retired_path),
-                ("Module file", entry.module_file),
-                ("Restored from", restored),
-            ],
-            "  ",
-            _MODULE_LABEL,
+        lines += _module_block(
+            entry,
+            ("Inode", f"{entry.live_ino} again, was {entry.stage_ino}"),
+            ("Rolled back", entry.retired_path),
+            ("Restored from", restored),
         )
     lines += [
         "",
@@ -461,9 +456,7 @@ def _rebuild_command(journal: journals.Journal, context: Context) -> str:
     request = journal.request
     trees = journal.trees
     installpath = os.path.dirname(trees.software)
-    if trees.software == os.path.join(installpath, "software") and trees.modules == os.path.join(
-        installpath, "modules"
-    ):
+    if trees == paths.Trees.from_installpath(installpath):
         where = [f"--installpath={installpath}"]
     else:
         where = [f"--installpath-software={trees.software}", f"--installpath-modules={trees.modules}"]

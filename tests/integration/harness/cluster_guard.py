@@ -126,6 +126,19 @@ class ClusterGuard:
         }
 
     # --- jobs -----------------------------------------------------------------------------
+    def rollout_settings(self, **more) -> dict:
+        """guard_rollout.yml's variables for these nodes: the role owns slurm.conf, one node a
+        batch, and the test job submitted from the login node's target."""
+        return {
+            "arch_guard_manage_slurm_conf": True,
+            "guard_batch": 1,
+            "guard_mismatch_target": self.targets["login"],
+            "guard_eessi_setup": f". {self.root / 'setup.sh'}",
+            "guard_eessi_root": str(self.prefix.root),
+            "guard_srun_args": ["--overcommit", "--time=5"],
+            **more,
+        }
+
     def workdir(self, name: str) -> Path:
         return job_workdir(self.root, name, CLUSTER_TASK_SCRIPT)
 
