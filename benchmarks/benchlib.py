@@ -11,6 +11,14 @@ sides work on (in a scratch directory of its own); each factory then gets its re
 second argument. A ``Comparison`` is the same with several subjects beside one baseline:
 one row, and one ratio, per subject.
 
+A ``FleetCase`` times plays over SSH on clusters of several sizes. Its ``measure(size)``
+starts a cluster of that many nodes, runs the floors and then the steps once each, in order
+(a first install can run only once on a cluster), checks that each did what it should, and
+returns the seconds of each by name. The runner prints a row per floor and per step: its time
+at each size, a step's ratio to the floor of the same cluster (the sum of the floors: what
+any play to these hosts costs at the least), and the growth from the smallest size to the
+largest, beside the step's goals.
+
 A ``WindowCase`` measures what a reader of a live path sees while a tree there is replaced
 and put back ``cycles`` times. Each ``Method`` (the subject, then each baseline) gets a
 fresh scratch directory, in which its ``setup`` makes the live tree and returns a
@@ -25,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 Operation = Callable[[], None]
 # What a timing case measures of each operation: its wall time, or the CPU time (user and
@@ -75,6 +83,27 @@ class Comparison:
     rounds: int = 3
     setup: Optional[Callable[[Path], Any]] = None
     clock: str = WALL
+
+
+@dataclass(frozen=True)
+class FleetStep:
+    name: str
+    # At most this many seconds on the smallest cluster, and at most ``growth`` times that on
+    # the largest (None: no goal).
+    goal: Optional[float] = None
+    growth: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class FleetCase:
+    name: str
+    sizes: Sequence[int]
+    floors: Sequence[str]
+    steps: Sequence[FleetStep]
+    # Given a size: the seconds of every floor and step, by name, on a cluster of that size.
+    measure: Callable[[int], Mapping[str, float]]
+    # Printed above the table: what the sizes count, the connection settings.
+    legend: str = ""
 
 
 @dataclass(frozen=True)

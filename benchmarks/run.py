@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "tools"), str(HERE.parent / "testbed")]
 
 import checkout  # noqa: E402
-from benchlib import CPU, MISSING, OK, PARTIAL, WALL, Case, Comparison, WindowCase  # noqa: E402
+from benchlib import CPU, MISSING, OK, PARTIAL, WALL, Case, Comparison, FleetCase, WindowCase  # noqa: E402
 
 READER_TIMEOUT = 30
 # Where window cases make their trees: the filesystem is what they measure (see _window_root).
@@ -201,6 +201,41 @@ def _window_rows(cases):
     return rows
 
 
+def _fleet_rows(case):
+    """One row per floor and step of a fleet case: its seconds at each size (a step's also as
+    a ratio to that size's floor), its growth from the smallest size to the largest, and its
+    goals, met or missed."""
+    figures = {size: case.measure(size) for size in case.sizes}
+    smallest, largest = case.sizes[0], case.sizes[-1]
+    header = ["benchmark"]
+    for size in case.sizes:
+        header += [f"{size} nodes", "x floor"]
+    rows = [(*header, f"{largest}/{smallest}", "goal")]
+    floor = {size: sum(figures[size][name] for name in case.floors) for size in case.sizes}
+    lines = [(name, None) for name in case.floors] + [(step.name, step) for step in case.steps]
+    for name, step in lines:
+        cells = [f"{case.name}: {name}" if step else f"{case.name}: floor: {name}"]
+        for size in case.sizes:
+            seconds = figures[size][name]
+            cells += [f"{seconds:.1f} s", f"{seconds / floor[size]:.2f}" if step else ""]
+        growth = figures[largest][name] / figures[smallest][name]
+        cells += [f"{growth:.2f}", _fleet_goal(step, figures[smallest][name], growth) if step else ""]
+        rows.append(tuple(cells))
+    return rows
+
+
+def _fleet_goal(step, seconds, growth):
+    """``<= 30 s, <= 1.5x: met`` (or ``missed``), or "" for a step without goals."""
+    parts, met = [], True
+    if step.goal is not None:
+        parts.append(f"<= {step.goal:g} s")
+        met = met and seconds <= step.goal
+    if step.growth is not None:
+        parts.append(f"<= {step.growth:g}x")
+        met = met and growth <= step.growth
+    return f"{', '.join(parts)}: {'met' if met else 'missed'}" if parts else ""
+
+
 def _print_table(rows):
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
@@ -223,13 +258,22 @@ def main(argv: list[str]) -> int:
         cases = [case for case in cases if not argv or any(word in case.name for word in argv)]
         timing = [case for case in cases if isinstance(case, (Case, Comparison))]
         windows = [case for case in cases if isinstance(case, WindowCase)]
-        if timing:
-            _print_table(_timing_rows(timing))
-        if windows:
-            if timing:
+        fleets = [case for case in cases if isinstance(case, FleetCase)]
+        # Each table printed as soon as it is measured: the fleet's takes minutes.
+        tables = [(timing, "", _timing_rows), (windows, WINDOW_HEADER, _window_rows)]
+        tables += [([fleet], fleet.legend, lambda cases: _fleet_rows(cases[0])) for fleet in fleets]
+        printed = False
+        for chosen, legend, rows in tables:
+            if not chosen:
+                continue
+            table = rows(chosen)
+            if printed:
                 print()
-            print(WINDOW_HEADER)
-            _print_table(_window_rows(windows))
+            if legend:
+                print(legend)
+            _print_table(table)
+            sys.stdout.flush()
+            printed = True
     return 0 if cases else 1
 
 

@@ -212,27 +212,33 @@ class ClusterGuard:
             time.sleep(POLL_SECONDS)
 
     # --- plays ----------------------------------------------------------------------------
-    def playbook(self, what: str, name: str, inventory: Path, variables: dict, *extra: str) -> Play:
-        """``ansible-playbook`` on the controller (a file, or one of the collection's by name)."""
+    def ansible_env(self) -> dict:
+        """Ansible's environment on the controller: the collection, and its files under the root."""
         home = self.root / "ansible"
-        env = ansible_env(
+        return ansible_env(
             {
                 "ANSIBLE_COLLECTIONS_PATH": str(self.root / "collections"),
                 "ANSIBLE_HOME": str(home),
                 "ANSIBLE_LOCAL_TEMP": str(home / "tmp"),
-                # One connection per node for all the plays, which jobs run between (Ansible's
-                # default keeps it 60 s); no compression of what never leaves the machine.
-                "ANSIBLE_SSH_ARGS": "-o ControlMaster=auto -o ControlPersist=600s",
             }
         )
+
+    def playbook(self, what: str, name: str, inventory: Path, variables: dict, *extra: str) -> Play:
+        """``ansible-playbook`` on the controller (a file, or one of the collection's by name)."""
         target = name if name.endswith(".yml") else f"hpcstack.ops.{name}"
         argv = ["ansible-playbook", target, "-i", str(inventory), "-e", json.dumps(variables), *extra]
+        return self._ansible(what, argv)
+
+    def adhoc(self, what: str, inventory: Path, module: str, args: str = "") -> Play:
+        """``ansible all -m module -a args`` on the controller, to every host of ``inventory``."""
+        return self._ansible(what, ["ansible", "all", "-i", str(inventory), "-m", module, "-a", args])
+
+    def _ansible(self, what: str, argv: list) -> Play:
         started = time.monotonic()
         done = self.cluster.controller.run(
-            argv, env=env, check=False, timeout=PLAY_TIMEOUT, workdir=str(self.root)
+            argv, env=self.ansible_env(), check=False, timeout=PLAY_TIMEOUT, workdir=str(self.root)
         )
-        seconds = time.monotonic() - started
-        self.timings.append((what, seconds))
+        self.timings.append((what, time.monotonic() - started))
         return Play(done)
 
     def role(self, what: str, inventory: Path, **variables) -> Play:
@@ -385,9 +391,14 @@ def build_root(cluster: namespace_cluster.Cluster, lmod: stackenv.Lmod, root: Pa
     targets = {node.name: target_of(node.spec.cpu) for node in cluster.nodes if node.spec.cpu}
     login_target = targets[cluster.by_role("login")[0].name]
     compute_targets = [targets[node.name] for node in cluster.by_role("compute")]
-    prefix = eessilike.build_prefix(root / "eessi", targets=[login_target, *compute_targets], accel={})
+    # Each target once, however many nodes share it.
+    every = list(dict.fromkeys([login_target, *compute_targets]))
+    prefix = eessilike.build_prefix(root / "eessi", targets=every, accel={})
     eessilike.build_prefix(
-        root / "eessi", targets=[login_target, *compute_targets[:-1]], accel={}, version=PARTIAL_VERSION
+        root / "eessi",
+        targets=[target for target in every if target != compute_targets[-1]],
+        accel={},
+        version=PARTIAL_VERSION,
     )
     # The rollout's test job loads EESSI in an empty shell (env -i): a clean login's base first.
     setup = write_env_file(root / "setup.sh", eessilike.login_base(prefix, lmod))
