@@ -186,20 +186,9 @@ def measure(size: int) -> dict:
             "build_host_installpath": BUILD_INSTALLPATH,
             "build_host_pip_args": ["--no-index", "--find-links", str(wheelhouse)],
         }
-        _checked(
-            site.playbook(BUILD_INSTALL, build, inventory, build_settings),
-            size,
-            changed=True,
-            what=BUILD_INSTALL,
-        )
-        seconds[BUILD_INSTALL] = _last_seconds(site)
-        _checked(
-            site.playbook(BUILD_RERUN, build, inventory, build_settings),
-            size,
-            changed=False,
-            what=BUILD_RERUN,
-        )
-        seconds[BUILD_RERUN] = _last_seconds(site)
+        for step, changed in ((BUILD_INSTALL, True), (BUILD_RERUN, False)):
+            _checked(site.playbook(step, build, inventory, build_settings), size, changed=changed, what=step)
+            seconds[step] = _last_seconds(site)
         return seconds
 
 
