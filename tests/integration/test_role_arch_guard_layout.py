@@ -1,8 +1,8 @@
 """How the arch_guard role tells its layouts apart, from what each host reports of its slurm.conf.
 
-Each case is a batch of hosts with the one line the role's probe prints on each (configless,
+Each case is a batch of hosts with the identity line the role's survey prints on each (configless,
 filesystem type and source, device, inode, boot id, sha256), and the layout the role must
-find. The probe itself and the layouts it leads to run for real on the namespace cluster
+find. The survey itself and the layouts it leads to run for real on the namespace cluster
 (test_cluster_guard_layouts.py); what a cluster there cannot show is here: NFS (device
 numbers differ from client to client), hosts cloned from one image, identical per-node
 copies, a host without the file.
@@ -56,9 +56,9 @@ def _playbook(vars_file: str) -> str:
   vars:
     arch_guard_slurm_conf_host: ""
   tasks:
-    - name: What the probe printed
+    - name: What the survey printed
       ansible.builtin.set_fact:
-        __arch_guard_identity: {{stdout: "{{{{ probe }}}}"}}
+        __arch_guard_survey: {{stdout_lines: ["identity\\t{{{{ probe }}}}"]}}
     - name: Show the layout
       ansible.builtin.debug:
         msg: "{case}={{{{ __arch_guard_layout_auto }}}}"
