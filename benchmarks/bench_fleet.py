@@ -82,7 +82,9 @@ LEGEND = f"""\
 Fleet: the wall time of each play over SSH, one run each on a cluster of that many compute
 nodes (Ansible on the controller; {", ".join(f"{k}={v}" for k, v in CONNECTION_ENV.items())},
 pipelining). x floor: the play / the floor of the same cluster ({PING} + one {COPY});
-{SIZES[-1]}/{SIZES[0]}: the time on {SIZES[-1]} nodes / on {SIZES[0]}."""
+{SIZES[-1]}/{SIZES[0]}: the time on {SIZES[-1]} nodes / on {SIZES[0]}; / floor's: that over the floor's
+{SIZES[-1]}/{SIZES[0]} (1: as parallel as the floor; where the nodes share the machine's CPUs the floor
+itself grows with them)."""
 
 
 class BenchError(RuntimeError):

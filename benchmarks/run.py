@@ -203,15 +203,17 @@ def _window_rows(cases):
 
 def _fleet_rows(case):
     """One row per floor and step of a fleet case: its seconds at each size (a step's also as
-    a ratio to that size's floor), its growth from the smallest size to the largest, and its
-    goals, met or missed."""
+    a ratio to that size's floor), its growth from the smallest size to the largest (a step's
+    also over the floor's growth: 1 where hosts are worked on as much in parallel as the
+    floor's, more where a play adds serial work), and its goals, met or missed."""
     figures = {size: case.measure(size) for size in case.sizes}
     smallest, largest = case.sizes[0], case.sizes[-1]
     header = ["benchmark"]
     for size in case.sizes:
         header += [f"{size} nodes", "x floor"]
-    rows = [(*header, f"{largest}/{smallest}", "goal")]
+    rows = [(*header, f"{largest}/{smallest}", "/ floor's", "goal")]
     floor = {size: sum(figures[size][name] for name in case.floors) for size in case.sizes}
+    floor_growth = floor[largest] / floor[smallest]
     lines = [(name, None) for name in case.floors] + [(step.name, step) for step in case.steps]
     for name, step in lines:
         cells = [f"{case.name}: {name}" if step else f"{case.name}: floor: {name}"]
@@ -219,7 +221,8 @@ def _fleet_rows(case):
             seconds = figures[size][name]
             cells += [f"{seconds:.1f} s", f"{seconds / floor[size]:.2f}" if step else ""]
         growth = figures[largest][name] / figures[smallest][name]
-        cells += [f"{growth:.2f}", _fleet_goal(step, figures[smallest][name], growth) if step else ""]
+        cells += [f"{growth:.2f}", f"{growth / floor_growth:.2f}" if step else ""]
+        cells.append(_fleet_goal(step, figures[smallest][name], growth) if step else "")
         rows.append(tuple(cells))
     return rows
 

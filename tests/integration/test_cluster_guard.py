@@ -246,6 +246,43 @@ def test_sbatch_over_three_nodes_repairs_the_batch_step_then_each_other_node_onc
     _assert_dumps_match_fresh_logins(guard, work, ranks, "0")
 
 
+WRAPPER = f"{PREFIX}/bin/task-prolog"
+STATE_DIR = str(Path(STATE_FILE).parent)
+
+
+def test_a_rerun_over_ssh_puts_back_what_changed_on_one_node_and_writes_nothing_on_the_others(guard, rollout):
+    """A rerun writes only what its survey of each node found changed: on c2 the launcher's
+    bytes, the bin directory's and the state directory's modes, a FIFO where the wrapper would
+    be (the survey reads no FIFO: it must not hang) and blanks after the TaskProlog line are
+    all put back; c1 and c3 report no change; a run after that changes nothing anywhere."""
+    _play, _before = rollout
+    c1, c2 = guard.cluster.node("c1"), guard.cluster.node("c2")
+    guarded = {name: guard.cluster.node(name).read(SLURM_CONF) for name in ("c1", "c2", "c3")}
+    launcher = c1.read(LAUNCHER)
+    c2.run(["sh", "-c", f"echo '# changed by hand' >> {LAUNCHER}"])
+    c2.run(["chmod", "0775", f"{PREFIX}/bin"])
+    c2.run(["chmod", "0755", STATE_DIR])
+    c2.run(["mkfifo", "-m", "0644", WRAPPER])
+    c2.write(SLURM_CONF, guarded["c2"].replace(f"TaskProlog={LAUNCHER}\n", f"TaskProlog={LAUNCHER}  \n"))
+    assert c2.read(SLURM_CONF) != guarded["c2"]
+    nodes = guard.inventory("rerun", {"guard_nodes": [node.name for node in guard.compute]})
+
+    rerun = guard.role("rerun after changes on c2", nodes, arch_guard_manage_slurm_conf=True)
+    again = guard.role("rerun, nothing changed", nodes, arch_guard_manage_slurm_conf=True)
+
+    assert (rerun.done.returncode, rerun.failed, rerun.unreachable) == (0, 0, 0), rerun.output[-6000:]
+    changed = {host: counts[1] for host, counts in rerun.recap.items()}
+    # The launcher, bin, the state directory, the FIFO, the line; and the handler.
+    assert changed["c2"] >= 5, rerun.output[-6000:]
+    assert (changed["c1"], changed["c3"]) == (0, 0), rerun.output[-6000:]
+    assert c2.read(LAUNCHER) == launcher
+    modes = c2.run(["stat", "-c", "%a %U", LAUNCHER, f"{PREFIX}/bin", STATE_DIR]).stdout.split("\n")
+    assert modes[:3] == ["755 root", "755 root", "700 root"]
+    assert c2.run(["test", "-e", WRAPPER], check=False).returncode == 1
+    assert guard.slurm_confs(list(guarded)) == guarded
+    assert (again.done.returncode, again.failed, again.changed) == (0, 0, 0), again.output[-6000:]
+
+
 def test_removal_over_ssh_is_refused_unless_the_role_owns_slurm_conf_then_puts_every_file_back(
     guard, rollout, login_env
 ):

@@ -334,6 +334,31 @@ def test_a_slurm_conf_with_two_task_prolog_lines_is_refused(host):
     _assert_nothing_written(host, slurm_conf)
 
 
+@pytest.mark.parametrize("kind", ["missing", "a FIFO", "a directory"])
+def test_a_slurm_conf_the_survey_cannot_read_is_refused_without_waiting_on_it(host, kind):
+    """The survey reads slurm.conf only when it is a regular file: a FIFO there would hang a
+    read until some writer came (the run's timeout says it did not)."""
+    host.slurm_conf.unlink()
+    reason = {
+        "missing": "file not found",
+        "a FIFO": "not a regular file",
+        "a directory": "not a regular file",
+    }
+    if kind == "a FIFO":
+        os.mkfifo(host.slurm_conf, 0o644)
+    elif kind == "a directory":
+        host.slurm_conf.mkdir()
+
+    play = host.run(arch_guard_manage_slurm_conf=True)
+
+    _refused(
+        play,
+        "Refuse a slurm.conf that cannot be read",
+        f"arch_guard: cannot read {host.slurm_conf} ({reason[kind]}: {host.slurm_conf})",
+    )
+    assert host.written() == []
+
+
 @pytest.mark.parametrize("kind", ["not executable", "missing", "a directory"])
 def test_a_task_prolog_in_slurm_conf_that_cannot_run_is_refused(host, kind):
     site = host.root / "site" / "prolog.sh"
