@@ -13,9 +13,10 @@ from tests.integration.harness.mounts import fuse_dir
 from tests.integration.harness.slurm import slurm_cluster
 from tests.integration.harness.stack import easybuild, lmod, tiny_packages
 from tests.support.staged import package_root, staged_site
-from tests.support.users import unprivileged_user, user_tmp_path
+from tests.support.users import attacker_user, unprivileged_user, user_tmp_path
 
 __all__ = [
+    "attacker_user",
     "cephfs",
     "cluster",
     "easybuild",

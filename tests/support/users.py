@@ -19,6 +19,9 @@ from pathlib import Path
 import pytest
 
 TEST_USER = "hpcstack-test"
+# A second unprivileged user, of its own uid: the attacker of the hardening tests, who is
+# neither root nor the build account.
+ATTACKER_USER = "hpcstack-attacker"
 # useradd exit codes: 9 = the name exists already; 10 = the passwd file is locked (another
 # worker is adding the same user right now).
 _USERADD_EXISTS = 9
@@ -81,6 +84,18 @@ def _ensure_user(name: str) -> pwd.struct_passwd:
 def unprivileged_user() -> UnprivilegedUser:
     """The unprivileged user; never root."""
     entry = _ensure_user(TEST_USER) if os.geteuid() == 0 else pwd.getpwuid(os.geteuid())
+    return UnprivilegedUser(name=entry.pw_name, uid=entry.pw_uid, gid=entry.pw_gid)
+
+
+@pytest.fixture(scope="session")
+def attacker_user(unprivileged_user) -> UnprivilegedUser:
+    """Another unprivileged user, never root and never the build account: what a hostile user
+    on the same node can do is what this one does. Needs root to exist (setpriv)."""
+    if os.geteuid() != 0:
+        pytest.fail("the attacker tests need root: a second uid is made and taken with setpriv")
+    entry = _ensure_user(ATTACKER_USER)
+    if entry.pw_uid == unprivileged_user.uid:
+        pytest.fail(f"{ATTACKER_USER} has the build account's uid {entry.pw_uid}")
     return UnprivilegedUser(name=entry.pw_name, uid=entry.pw_uid, gid=entry.pw_gid)
 
 
