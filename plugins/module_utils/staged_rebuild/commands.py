@@ -215,9 +215,13 @@ def collect_garbage(  # noqa: PLR0917 - the command line's options
     """Remove retired trees no process here (or, with ``fleet``, on the hosts that answered)
     and no running job uses, or (where Slurm does not answer: ``squeue_environ`` None, or no
     ``squeue`` on its PATH) older than ``grace_hours`` at ``now`` (by default the clock's);
-    ``dry_run`` lists them instead."""
+    ``dry_run`` lists them instead. Slurm is asked by ``gc`` itself, under the lock, after
+    it read the journals it decides on."""
     state_root = existing_state_root(state_root)
-    running = runningjobs.NOT_ASKED if squeue_environ is None else runningjobs.running_jobs(squeue_environ)
+
+    def ask_slurm():
+        return runningjobs.NOT_ASKED if squeue_environ is None else runningjobs.running_jobs(squeue_environ)
+
     if dry_run:
         # Reads only: no lock (its files would be written) and no missing directories made.
         report = gc_module.gc(
@@ -226,7 +230,7 @@ def collect_garbage(  # noqa: PLR0917 - the command line's options
             dry_run=True,
             now=now,
             trees=trees,
-            running=running,
+            ask_slurm=ask_slurm,
             fleet=fleet,
         )
         report["would_change"] = bool(report["removed"])
@@ -241,7 +245,7 @@ def collect_garbage(  # noqa: PLR0917 - the command line's options
             dry_run=False,
             now=now,
             trees=trees,
-            running=running,
+            ask_slurm=ask_slurm,
             fleet=fleet,
         )
 

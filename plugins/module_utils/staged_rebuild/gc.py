@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Callable, Dict, List, Optional, Set
 
 from ..common import errors
 from . import fsutil, inuse, modulefile, runningjobs, settings
@@ -124,13 +124,22 @@ def _here(processes) -> list:
 
 def _kept_elsewhere(path, run_id, fleet) -> Optional[Dict[str, Any]]:
     """The kept entry of a tree that the fleet's answers keep, or None: any host that did not
-    answer keeps every tree; else the processes that use it on other hosts do."""
+    answer keeps every tree, a host whose answer does not cover the tree keeps it (its scan
+    ran before the tree was swapped out); else the processes that use it on other hosts do."""
     if fleet.unanswered:
         return {
             "path": path,
             "run_id": run_id,
             "why": f"no answer from {', '.join(fleet.unanswered)}: every tree is kept",
             "unanswered": list(fleet.unanswered),
+        }
+    not_asked = fleet.not_asked(path)
+    if not_asked:
+        return {
+            "path": path,
+            "run_id": run_id,
+            "why": f"not asked of {', '.join(not_asked)} (their scans ran before it was a candidate)",
+            "not_asked": not_asked,
         }
     found = fleet.users.get(path)
     if not found:
@@ -251,16 +260,24 @@ def gc(  # noqa: PLR0917 - the command line's options
     dry_run=False,
     now=None,
     trees=None,
-    running=runningjobs.NOT_ASKED,
+    ask_slurm: Callable[[], runningjobs.RunningJobs] = lambda: runningjobs.NOT_ASKED,
     fleet=None,
 ):
     """Collect the runs of ``state_root``; ``trees`` (when given) are the only trees they may
-    name; ``running`` is Slurm's answer (``runningjobs.running_jobs``), or why there is none;
-    ``fleet`` (``inuse.Fleet``), what the other hosts' scans answered."""
+    name; ``ask_slurm`` gives Slurm's answer (``runningjobs.running_jobs``), or why there is
+    none; ``fleet`` (``inuse.Fleet``), what the other hosts' scans answered.
+
+    Slurm and this node's processes are asked after the journals are read, and the caller
+    holds the state-root lock (a dry run aside): no swap can come between the journals and
+    the answers, so a job the answer does not list started after every swap the journals
+    record, and one that started before is listed. Asked before the lock, the answer would
+    miss a job that started while a rebuild held it and then swapped that job's tree out.
+    """
     now = now or datetime.datetime.now(datetime.timezone.utc)
     runs = journals.run_journals(state_root)
     for journal in runs:
         journal.check_trees(trees)
+    running = ask_slurm()
     report: Dict[str, Any] = {
         "removed": [],
         "kept": [],

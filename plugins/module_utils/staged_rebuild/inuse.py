@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 PROC = "/proc"
 LINKS = ("exe", "cwd", "root")
@@ -256,18 +256,28 @@ def _user(uid: int) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Fleet:
-    """What the scans of other hosts answered: who uses each tree on which host, and the
-    hosts that gave no answer (unreachable, failed, or answering something unreadable)."""
+    """What the scans of other hosts answered: who uses each tree on which host, the hosts
+    that gave no answer (unreachable, failed, or answering something unreadable), and the
+    trees each answer covers (``asked``: host -> the trees its scan was asked about)."""
 
     users: Dict[str, List[Tuple[str, Process]]]
     unanswered: Tuple[str, ...]
+    asked: Mapping[str, FrozenSet[str]] = dataclasses.field(default_factory=dict)
+
+    def not_asked(self, tree: str) -> List[str]:
+        """The hosts that answered, but not about ``tree``: their scans ran before it was a
+        candidate (a rebuild swapped it out after the candidates were listed), so they say
+        nothing of it."""
+        return sorted(host for host, trees in self.asked.items() if tree not in trees)
 
     @classmethod
     def from_answers(cls, answers: Mapping[str, Optional[Mapping]]) -> Fleet:
         """``answers``: host -> the ``in_use`` that host's scan returned (``{tree: [process
-        records]}``); anything else (None, "", a failed task's leftovers) is no answer."""
+        records]}``, every tree it was asked about); anything else (None, "", a failed task's
+        leftovers) is no answer."""
         users: Dict[str, List[Tuple[str, Process]]] = {}
         unanswered = []
+        asked = {}
         for host in sorted(answers):
             answer = answers[host]
             found = None
@@ -282,6 +292,7 @@ class Fleet:
             if found is None:
                 unanswered.append(host)
                 continue
+            asked[host] = frozenset(found)
             for tree, processes in found.items():
                 users.setdefault(tree, []).extend((host, process) for process in processes)
-        return cls(users, tuple(unanswered))
+        return cls(users, tuple(unanswered), asked)

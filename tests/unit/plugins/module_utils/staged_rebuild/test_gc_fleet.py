@@ -64,7 +64,7 @@ def test_an_answer_that_is_not_a_list_of_processes_counts_as_no_answer(site):
 def test_answers_that_name_no_process_let_the_tree_go_after_the_grace_period(site):
     site.publish_run("run1")
     sibling = str(site.sibling("TinyApp/1.0", "run1"))
-    fleet = inuse.Fleet.from_answers({"c1": {sibling: []}, "c2": {}})
+    fleet = inuse.Fleet.from_answers({"c1": {sibling: []}, "c2": {sibling: []}})
 
     report = site.gc(now=T0 + GRACE, fleet=fleet)
 
@@ -72,9 +72,32 @@ def test_answers_that_name_no_process_let_the_tree_go_after_the_grace_period(sit
     assert not site.sibling("TinyApp/1.0", "run1").exists()
 
 
+def test_a_tree_a_host_was_not_asked_about_is_kept_and_names_the_host(site):
+    # The playbook lists the candidates, the hosts scan for them, then gc runs: a rebuild in
+    # between swaps out a tree that no scan looked for. An answer is about the trees it
+    # names, so the tree stays until a scan has looked for it.
+    site.publish_run("run1")
+    site.publish_run("run2", "OtherApp/2.0")
+    listed = str(site.sibling("TinyApp/1.0", "run1"))
+    later = str(site.sibling("OtherApp/2.0", "run2"))
+    fleet = inuse.Fleet.from_answers({"c1": {listed: []}, "c2": {listed: [], later: []}})
+
+    report = site.gc(now=T0 + GRACE, fleet=fleet)
+
+    assert report["removed"] == [{"path": listed, "run_id": "run1"}]
+    (kept,) = report["kept"]
+    assert kept == {
+        "path": later,
+        "run_id": "run2",
+        "why": "not asked of c1 (their scans ran before it was a candidate)",
+        "not_asked": ["c1"],
+    }
+    assert site.sibling("OtherApp/2.0", "run2").is_dir()
+
+
 def test_within_the_grace_period_the_fleet_answers_do_not_remove_anything(site):
     site.publish_run("run1")
-    fleet = inuse.Fleet.from_answers({"c1": {}})
+    fleet = inuse.Fleet.from_answers({"c1": {str(site.sibling("TinyApp/1.0", "run1")): []}})
 
     report = site.gc(now=T0, fleet=fleet)
 
