@@ -14,6 +14,7 @@ Switches, from the environment (eb-staged-rebuild passes its environment on):
   FAKE_EB_FAIL=1                write a partial tree, then exit 1
   FAKE_EB_WRITE_OUTSIDE=PATH    also write PATH (a hook escaping its install path)
   FAKE_EB_HANG=1                sleep until killed
+  FAKE_EB_GATE=DIR              before building, create DIR/started and wait until DIR/go exists
   FAKE_EB_ARGS_LOG=PATH         append the argument list, one JSON line per call
   FAKE_EB_HELP_HEX=HEX          bytes (hex) put into each module file's help text, as they are
 """
@@ -61,6 +62,12 @@ def main(argv):
     if os.environ.get("FAKE_EB_WRITE_OUTSIDE"):
         with open(os.environ["FAKE_EB_WRITE_OUTSIDE"], "w") as escaped:
             escaped.write("written outside the install path\n")
+    gate = os.environ.get("FAKE_EB_GATE")
+    if gate and easyconfigs:
+        # A test holds the build here, and so the run and its lock, for as long as it needs.
+        open(os.path.join(gate, "started"), "w").close()
+        while not os.path.exists(os.path.join(gate, "go")):
+            time.sleep(0.02)
     for easyconfig in easyconfigs:
         match = re.match(r"^(?:.*/)?([^/-]+)-(.+)\.eb$", easyconfig)
         if not match:

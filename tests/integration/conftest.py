@@ -10,7 +10,7 @@ from tests.integration.harness.guard import eessi_prefix, guard_site
 from tests.integration.harness.guard_rollout import job_root
 from tests.integration.harness.guard_slurm import slurm_guard
 from tests.integration.harness.mounts import fuse_dir
-from tests.integration.harness.slurm import slurm_cluster
+from tests.integration.harness.slurm import private_data_jobs, slurm_cluster, slurm_partitions
 from tests.integration.harness.stack import easybuild, lmod, tiny_packages
 from tests.support.staged import package_root, staged_site
 from tests.support.users import attacker_user, unprivileged_user, user_tmp_path
@@ -29,8 +29,10 @@ __all__ = [
     "lmod",
     "one_disk",
     "package_root",
+    "private_data_jobs",
     "slurm_cluster",
     "slurm_guard",
+    "slurm_partitions",
     "staged_site",
     "tiny_packages",
     "unprivileged_user",

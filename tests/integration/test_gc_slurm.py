@@ -20,13 +20,12 @@ from pathlib import Path
 import pytest
 
 import checkout
-from tests.integration.harness.slurm import SLURM
+from tests.integration.harness.slurm import SLURM, RunningJob
 from tests.support.staged import StagedSite
 
 pytestmark = SLURM
 
 APP = "TinyApp/1.0"
-JOB_TIMEOUT = 60
 # squeue gives start times to the second: a second apart, before and after are certain.
 APART = 1.2
 
@@ -36,34 +35,6 @@ def site(staged_site: StagedSite, slurm_cluster) -> StagedSite:
     staged_site.install(APP, payload="old")
     staged_site.env["SLURM_CONF"] = str(slurm_cluster.conf)
     return staged_site
-
-
-class RunningJob:
-    """A ``sleep`` job of the session's cluster, running until ``cancel``."""
-
-    def __init__(self, cluster, work: Path) -> None:
-        self.cluster = cluster
-        submitted = cluster.run(
-            ["sbatch", "--parsable", f"--output={work / 'job.out'}", "--wrap", "sleep 600"], cwd=work
-        )
-        assert submitted.returncode == 0, submitted.stderr
-        self.job_id = submitted.stdout.strip().split(";")[0]
-        deadline = time.monotonic() + JOB_TIMEOUT
-        while self.state() != "RUNNING":
-            if time.monotonic() > deadline:
-                self.cancel()
-                pytest.fail(f"job {self.job_id} never ran")
-            time.sleep(0.1)
-
-    def state(self) -> str:
-        listed = self.cluster.run(["squeue", "--noheader", "--jobs", self.job_id, "--format=%T"])
-        return listed.stdout.strip()
-
-    def cancel(self) -> None:
-        self.cluster.run(["scancel", self.job_id])
-        deadline = time.monotonic() + JOB_TIMEOUT
-        while self.state() and time.monotonic() < deadline:
-            time.sleep(0.1)
 
 
 def _rebuild(site: StagedSite) -> str:

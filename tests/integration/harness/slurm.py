@@ -12,21 +12,32 @@ munged accepts its socket path and jobs can run as any user.
 The cluster's TaskProlog is a file the tests replace; Slurm reads it afresh for every task,
 so no reconfiguration is needed between tests. A test that changes it puts the no-op prolog
 back (``reset_task_prolog``) when it is done.
+
+``RunningJob`` is a ``sleep`` job of that cluster, of root or of another user, in a partition
+and a working directory of the test's choosing. ``slurm_partitions`` adds, for one test, the
+partitions a user may not see jobs of: ``hidden`` (``Hidden=YES``) and ``restricted``
+(``AllowGroups`` the attacker user's group alone). They are made with ``scontrol create`` and
+deleted afterwards, so slurm.conf and every other test's view of the cluster stay as they
+are. ``private_data_jobs`` sets ``PrivateData=jobs`` for one test (slurm.conf and
+``scontrol reconfigure``, which also drops partitions made at run time) and puts it back.
 """
 
 from __future__ import annotations
 
+import grp
 import os
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import pytest
 
 import checkout
+from tests.support.users import UnprivilegedUser
 
 SCRIPT = checkout.REPO / "testbed" / "slurm-local.sh"
 
@@ -37,6 +48,9 @@ NOOP_PROLOG = "#!/bin/sh\nexit 0\n"
 START_TIMEOUT = 240  # the script waits up to 60 s for idle, after up to 180 s for its lock
 STOP_TIMEOUT = 90
 RUN_TIMEOUT = 60
+JOB_TIMEOUT = 60
+HIDDEN = "hidden"
+RESTRICTED = "restricted"
 
 
 @dataclass(frozen=True)
@@ -131,3 +145,119 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         if stopped.returncode != 0:
             pytest.fail(f"testbed/slurm-local.sh stop {root} failed: {_output(stopped)}")
         shutil.rmtree(root, ignore_errors=True)
+
+
+class RunningJob:
+    """A ``sleep`` job of the session's cluster, running until ``cancel``: root's, or
+    ``user``'s; in ``partition`` (the default one when None); working in ``workdir``."""
+
+    def __init__(
+        self,
+        cluster: SlurmCluster,
+        workdir: Path,
+        *,
+        user: Optional[UnprivilegedUser] = None,
+        partition: Optional[str] = None,
+    ) -> None:
+        self.cluster = cluster
+        argv = ["sbatch", "--parsable", "--output=/dev/null", f"--chdir={workdir}"]
+        if partition is not None:
+            argv.append(f"--partition={partition}")
+        argv += ["--wrap", "exec sleep 600"]
+        env = None
+        if user is not None:
+            argv = user.command(argv)
+            env = dict(user.env(), SLURM_CONF=str(cluster.conf))
+        submitted = cluster.run(argv, env=env or cluster.env(), cwd="/")
+        assert submitted.returncode == 0, submitted.stderr
+        self.job_id = submitted.stdout.strip().split(";")[0]
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while self.state() != "RUNNING":
+            if time.monotonic() > deadline:
+                self.cancel()
+                pytest.fail(f"job {self.job_id} never ran")
+            time.sleep(0.1)
+
+    def state(self) -> str:
+        listed = self.cluster.run(["squeue", "--all", "--noheader", "--jobs", self.job_id, "--format=%T"])
+        return listed.stdout.strip()
+
+    def cancel(self) -> None:
+        self.cluster.run(["scancel", self.job_id])
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while self.state() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def _wait_for(what: str, ready) -> None:
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while not ready():
+        if time.monotonic() > deadline:
+            pytest.fail(f"the cluster never {what}")
+        time.sleep(0.1)
+
+
+def _partitions(cluster: SlurmCluster) -> str:
+    return cluster.run(["scontrol", "--all", "--oneliner", "show", "partition"]).stdout
+
+
+@pytest.fixture
+def slurm_partitions(slurm_cluster: SlurmCluster, attacker_user: UnprivilegedUser) -> Iterator[SlurmCluster]:
+    """The cluster with ``hidden`` (``Hidden=YES``) and ``restricted`` (``AllowGroups`` the
+    attacker user's group) beside its default partition, for one test."""
+    group = grp.getgrgid(attacker_user.gid).gr_name
+    added = {HIDDEN: "Hidden=YES", RESTRICTED: f"AllowGroups={group}"}
+    try:
+        for name, rule in added.items():
+            made = slurm_cluster.run(
+                [
+                    "scontrol",
+                    "create",
+                    f"PartitionName={name}",
+                    "Nodes=ALL",
+                    "MaxTime=INFINITE",
+                    "State=UP",
+                    rule,
+                ]
+            )
+            assert made.returncode == 0, made.stderr
+        yield slurm_cluster
+    finally:
+        # A partition with jobs cannot be deleted.
+        slurm_cluster.run(["scancel", f"--partition={HIDDEN},{RESTRICTED}"])
+        _wait_for(
+            "ended the jobs of the test's partitions",
+            lambda: (
+                not slurm_cluster.run(
+                    ["squeue", "--all", "--noheader", f"--partition={HIDDEN},{RESTRICTED}", "--format=%i"]
+                ).stdout.strip()
+            ),
+        )
+        for name in added:
+            slurm_cluster.run(["scontrol", "delete", f"PartitionName={name}"])
+        left = [name for name in added if f"PartitionName={name} " in _partitions(slurm_cluster)]
+        assert left == [], f"partitions {left} were not deleted"
+
+
+def _private_data(cluster: SlurmCluster) -> str:
+    for line in cluster.run(["scontrol", "show", "config"]).stdout.splitlines():
+        name, _sep, value = line.partition("=")
+        if name.strip() == "PrivateData":
+            return value.strip()
+    return ""
+
+
+@pytest.fixture
+def private_data_jobs(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    """The cluster with ``PrivateData=jobs`` for one test: users see only their own jobs."""
+    original = slurm_cluster.conf.read_text()
+    try:
+        slurm_cluster.conf.write_text(original + "PrivateData=jobs\n")
+        done = slurm_cluster.run(["scontrol", "reconfigure"])
+        assert done.returncode == 0, done.stderr
+        _wait_for("said PrivateData=jobs", lambda: _private_data(slurm_cluster) == "jobs")
+        yield slurm_cluster
+    finally:
+        slurm_cluster.conf.write_text(original)
+        slurm_cluster.run(["scontrol", "reconfigure"])
+        _wait_for("said PrivateData=none", lambda: _private_data(slurm_cluster) == "none")
