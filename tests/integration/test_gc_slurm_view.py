@@ -27,7 +27,9 @@ import pytest
 
 import checkout
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import runningjobs
+from ansible_collections.hpcstack.ops.plugins.modules import staged_gc
 from tests.integration.harness.slurm import HIDDEN, RESTRICTED, SLURM, RunningJob
+from tests.support.module_runner import run_on_site
 from tests.support.slurm_env import CLIENT_VARIABLES
 from tests.support.staged import FAKE_EB, TOOL_TIMEOUT, StagedSite
 from tests.support.users import UnprivilegedUser
@@ -178,6 +180,27 @@ def test_root_with_squeue_users_set_sees_another_users_job_and_keeps_the_tree_it
 
     assert [entry["path"] for entry in removed["removed"]] == [retired]
     assert not Path(retired).exists()
+
+
+def test_the_module_on_a_host_whose_environment_sets_squeue_users_keeps_another_users_jobs_tree(
+    open_site, slurm_cluster, attacker_user, capsys, monkeypatch
+):
+    # The module reads squeue's PATH and SLURM_CONF from the host's environment (a play's
+    # ``environment:``), and so would its filters. The job holds nothing of the tree on this
+    # node: it loaded the module on another one.
+    job = RunningJob(slurm_cluster, Path("/"), user=attacker_user)
+    try:
+        time.sleep(APART)
+        retired = _retired_path(open_site.run("--json", *open_site.rebuild_args(APP)))
+        monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+        monkeypatch.setenv("SQUEUE_USERS", "root")
+
+        kept = run_on_site(capsys, staged_gc, open_site)
+    finally:
+        job.cancel()
+
+    _assert_kept_by_the_job(kept, retired, job)
+    assert kept["changed"] is False
 
 
 @pytest.mark.parametrize("partition", [HIDDEN, RESTRICTED])
