@@ -15,8 +15,10 @@ decision without reload (the job already matches the node) runs it twice.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -340,6 +342,48 @@ def test_untrusted_cache_file_does_not_make_the_steps_tasks_wait_for_each_other(
     assert [(run.returncode, run.stdout) for run in runs] == [(0, b"")] * 8
     assert step.runs() == 8 * MATCH_RUNS
     assert planted.read_bytes() == cache.encode(FORGED)
+
+
+PINNED_TASKS = 4
+
+
+@pytest.fixture
+def shared_tmp():
+    """A directory like /tmp: root's, mode 1777, below directories every user may search."""
+    root = Path(tempfile.mkdtemp(prefix="hpcstack-guard-pin-", dir="/tmp"))
+    root.chmod(0o755)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_link_another_user_plants_at_the_lock_makes_each_task_compute_a_correct_result_on_its_own(
+    guard_site, shared_tmp, attacker_user, reference_reload
+):
+    # The choice the threat model records ("A name planted at the lock"): in a directory
+    # every user writes, another user can plant the step's lock name before the step starts
+    # (its parts can be learnt or guessed). The guard does not follow it: each task then
+    # computes its own decision, the right one, and nothing is written. What it costs is
+    # time, a decision per task instead of per step; a job TMPDIR of its own avoids it.
+    step = Step(guard_site, shared_tmp)
+    step.scratch.chmod(0o1777)
+    victim = forged_file(shared_tmp / "victim", owner=attacker_user)
+    lock = Path(step.cache_path() + ".lock")
+    planted = attacker_user.run(["ln", "-s", str(victim), str(lock)])
+    assert planted.returncode == 0, planted.stderr
+    before = snapshot(victim)
+
+    children = [step.start(dict(step.env, SLURM_LOCALID=str(local_id))) for local_id in range(PINNED_TASKS)]
+    runs = [finish(child) for child in children]
+
+    assert [(run.returncode, run.stderr) for run in runs] == [(0, b"")] * PINNED_TASKS
+    assert runs[0].stdout == reference_reload  # the first task of the node says what it did
+    assert [directives(run.stdout) for run in runs] == [directives(reference_reload)] * PINNED_TASKS
+    for run in runs:
+        assert_reloaded_for_zen3(guard_site, step.env, run.stdout)
+    assert step.runs() == PINNED_TASKS * RELOAD_RUNS
+    assert snapshot(victim) == before
+    assert step.scratch_names() == {lock.name}
+    assert (os.lstat(lock).st_uid, os.readlink(lock)) == (attacker_user.uid, str(victim))
 
 
 # ------------------------------------------------------------- deadline, SIGTERM

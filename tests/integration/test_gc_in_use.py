@@ -249,3 +249,57 @@ def test_a_tree_reached_through_a_symlink_is_found_under_the_name_the_kernel_giv
 
     assert [process.pid for process in found.users[str(link)]] == [holder.pid]
     assert found.users[str(link)][0].uses == ("fd",)
+
+
+def _wait_for_program(pid: int, name: str) -> None:
+    for _attempt in range(300):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == name:
+                return
+        except OSError:
+            pass
+        subprocess.run(["sleep", "0.01"], check=True)
+    pytest.fail(f"{name} never ran as pid {pid}")
+
+
+def test_one_process_of_another_user_whose_environment_names_every_retired_tree_keeps_them_all(
+    staged_site, attacker_user
+):
+    # The choice the threat model records ("Pinning"): a value of an environment that names
+    # a tree keeps it, as an open file would, even where its user cannot read the tree. One
+    # sleeping process pins every retired tree it names until it ends; gc names it, its
+    # user and how it uses them, so that the administrator can end it.
+    modules = ("TinyApp/1.0", "TinyLib/1.0")
+    staged_site.install(*modules, payload="old")
+    done = staged_site.run("--json", *staged_site.rebuild_args(*modules))
+    assert done.returncode == 0, done.stderr
+    retired = sorted(entry["retired_path"] for entry in json.loads(done.stdout)["modules"])
+    for tree in retired:
+        os.chmod(tree, 0o700)  # root's alone: the attacker cannot even look inside
+    pinner = Holder(
+        attacker_user.command(["env", f"PINNED=/nowhere:{':'.join(retired)}", "sleep", "600"]),
+        env=attacker_user.env(),
+        ready=False,
+    )
+    try:
+        _wait_for_program(pinner.pid, "sleep")
+        kept = _gc(staged_site, "--no-squeue")
+    finally:
+        pinner.end()
+
+    assert kept["removed"] == []
+    entries = sorted(
+        (entry for entry in kept["kept"] if entry["path"] in retired), key=lambda entry: entry["path"]
+    )
+    assert [entry["path"] for entry in entries] == retired
+    for entry in entries:
+        assert entry["why"] == f"in use by 1 process (pids {pinner.pid}; users {attacker_user.name})"
+        (process,) = entry["processes"]
+        assert (process["pid"], process["uid"]) == (pinner.pid, attacker_user.uid)
+        assert process["uses"] == ["environ"]
+    assert all(Path(tree).is_dir() for tree in retired)
+
+    removed = _gc(staged_site, "--no-squeue")
+
+    assert sorted(entry["path"] for entry in removed["removed"]) == retired
+    assert not any(Path(tree).exists() for tree in retired)
