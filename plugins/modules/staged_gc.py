@@ -50,16 +50,22 @@ options:
         or to anything else (V(null), an empty string) for a host that did not answer.
       - A tree that a process on any of them uses is kept, with the host named. A host that
         did not answer keeps every tree (RV(fleet)), so that no tree goes while a host that may
-        use it cannot be asked.
+        use it cannot be asked. A host whose answer does not name a tree keeps that tree (its
+        scan ran before a rebuild made the tree a candidate), with the host in C(not_asked).
       - The fleet mode of the C(hpcstack.ops.gc) playbook fills it.
     type: dict
   squeue:
     description:
-      - Ask C(squeue) on the target host which Slurm jobs run. When it answers for every job
-        (as root, or where C(PrivateData) does not hide other users' jobs), a previous tree is
-        kept exactly while a running job started before it was swapped out, and the grace
-        period plays no part. When it does not answer, or this is V(false), the grace period
-        decides; RV(slurm) says which.
+      - Ask C(squeue) on the target host which Slurm jobs run. When it answers for every job,
+        a previous tree is kept exactly while a running job started before it was swapped out,
+        and the grace period plays no part. When it does not answer, or this is V(false), the
+        grace period decides; RV(slurm) says which.
+      - C(squeue) is asked with C(--all) (hidden partitions and partitions closed to the
+        caller's groups too), in UTC, and without the host's variables that C(squeue) and
+        C(scontrol) read as options (every C(SQUEUE_*), C(SCONTROL_*) and C(SLURM_*) but
+        C(SLURM_CONF)), under the state-root lock, after the journals are read. As root or the
+        cluster's C(SlurmUser) its answer is believed; as another user only where
+        C(scontrol show config) says C(PrivateData) does not hide other users' jobs.
     type: bool
     default: true
   grace_hours:
@@ -102,7 +108,8 @@ kept:
     - Previous trees and software directories that stay, each with its run and why (processes
       use it, the grace period, or a tracked module file still uses it). A tree that processes
       use also lists them (C(pid), C(uid), C(user), C(command), and C(uses), some of C(exe),
-      C(cwd), C(root), C(fd), C(maps), C(environ)).
+      C(cwd), C(root), C(fd), C(maps), C(environ)); one that running jobs keep lists them in
+      C(jobs); one that fleet hosts were not asked about names them in C(not_asked).
   returned: success
   type: list
   elements: dict
