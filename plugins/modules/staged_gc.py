@@ -242,9 +242,9 @@ def main():
     if failure is not None:
         module.fail_json(**failure)
     for run in result["interrupted"]:
-        module.warn(f"run {run['run_id']} ({run['state']}) is {run['why']}")
+        module.warn(module_support.warning(f"run {run['run_id']} ({run['state']}) is {run['why']}"))
     for run in result["incomplete"]:
-        module.warn(f"{run['path']}: {run['why']}")
+        module.warn(module_support.warning(f"{run['path']}: {run['why']}"))
     module.exit_json(**result)
 
 

@@ -82,6 +82,7 @@ import dataclasses
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.hpcstack.ops.plugins.module_utils.common.printable import unicode_result
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import inuse
 
 
@@ -95,11 +96,13 @@ def main():
     if relative:
         module.fail_json(msg=f"trees: {relative[0]!r} is not an absolute path")
     found = inuse.scan(trees)
-    module.exit_json(
-        changed=False,
-        in_use={tree: [dataclasses.asdict(process) for process in found.users[tree]] for tree in trees},
-        processes=found.summary(),
-    )
+    # A process's job id or command is its owner's choice, and may hold bytes that are not
+    # UTF-8: the controller would refuse the whole answer, and this host would count as silent.
+    result = {
+        "in_use": {tree: [dataclasses.asdict(process) for process in found.users[tree]] for tree in trees},
+        "processes": found.summary(),
+    }
+    module.exit_json(changed=False, **unicode_result(result))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import datetime
 import os
 import re
 import shlex
+import subprocess
 
 import pytest
 
@@ -79,14 +80,61 @@ def test_a_field_too_long_for_its_line_puts_the_value_on_the_next_line_whole():
 
 
 def test_a_long_command_continues_after_a_word_so_that_it_still_pastes():
-    words = "eb-staged-rebuild rebuild " + " ".join(f"--module=Module{index}/1.0" for index in range(12))
+    words = ["eb-staged-rebuild", "rebuild", *(f"--module=Module{index}/1.0" for index in range(12))]
 
     lines = text.command("Undo", words)
 
     assert lines[0] == "Undo:"
     assert all(len(line) <= text.WIDTH for line in lines)
     assert all(line.endswith(" \\") for line in lines[1:-1])
-    assert shlex.split(" ".join(line.rstrip("\\") for line in lines[1:])) == words.split()
+    assert shlex.split(" ".join(line.rstrip("\\") for line in lines[1:])) == words
+
+
+def _pasted(lines) -> str:
+    """What a shell reads from a command's lines pasted: each `` \\`` at a line's end and the
+    newline after it continue the line."""
+    return "\n".join(lines).replace("\\\n", "")
+
+
+# Arguments as a rebuild records them: blanks and tabs inside them, quotes of both kinds,
+# each long enough that the command wraps.
+ARGUMENTS = [
+    "--installpath=/apps/site software/2024 stack",
+    "--module=TinyApp/1.0",
+    "--",
+    "TinyApp-1.0.eb",
+    "--try-amend=description=a description with  two blanks,\ta tab and 'single' and \"double\" quotes",
+    "--hooks=/site/hooks dir/it's here.py",
+    "\t",
+    "ends with a blank ",
+    "  starts with two",
+]
+
+
+def test_an_undo_command_wraps_only_between_arguments_and_reads_back_as_the_recorded_ones():
+    context = text.Context(state_root="/apps/.staged", now=datetime.datetime.now(UTC))
+
+    lines = text.command("Undo (build and publish again)", context.suggest("rebuild", *ARGUMENTS))
+
+    assert len(lines) > 2
+    assert all(line.endswith(" \\") for line in lines[1:-1])
+    assert shlex.split(_pasted(lines[1:])) == ["eb-staged-rebuild", "rebuild", *ARGUMENTS]
+
+
+def test_an_undo_command_with_control_characters_pastes_into_bash_as_the_recorded_arguments(en_us_utf8):
+    arguments = [*ARGUMENTS, "\x1b]52;c;aGk=\x07", "line\nbreak\r", os.fsdecode(b"not utf-8 \xff")]
+    context = text.Context(
+        state_root="/apps/.staged", now=datetime.datetime.now(UTC), command=("printf", "%s\\0")
+    )
+
+    lines = text.command("Undo", context.suggest(*arguments))
+    done = subprocess.run(
+        ["bash", "-c", _pasted(lines[1:])], env=en_us_utf8.env(), capture_output=True, check=False
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split(b"\0")[:-1] == [os.fsencode(argument) for argument in arguments]
+    assert not {"\x1b", "\x07", "\r", "\x00"} & set("".join(lines))
 
 
 HEADER = ("RUN", "KIND", "STATE", "CREATED", "MODULES")
