@@ -23,6 +23,10 @@ SHOWN = "\\x1b]52;c;aGFja2Vk\\x07\\x1b[2K\\rremoved  /apps/software/TinyApp/1.0\
 # For a path that a module file names as its root, which holds no line break.
 IN_A_PATH = CLIPBOARD + ERASE_LINE + C1_CSI + NOT_UTF8
 IN_A_PATH_SHOWN = "\\x1b]52;c;aGFja2Vk\\x07\\x1b[2K\\u009b\\xff"
+# For an install path, which a rebuild writes into module files and so refuses with a C0
+# control character in it: the C1 CSI that erases the line, a right-to-left override.
+IN_AN_INSTALL_PATH = C1_CSI + "2K\u202e" + NOT_UTF8
+IN_AN_INSTALL_PATH_SHOWN = "\\u009b2K\\u202e\\xff"
 
 # The control characters of ISO 6429 (C0, DEL, C1) but the line feed that ends each line.
 CONTROL = {chr(code) for code in [*range(0x20), *range(0x7F, 0xA0)]} - {"\n"}
