@@ -76,6 +76,16 @@ processes:
     unreadable: 0
     as_uid: 0
     seen: "every process of this node's pid namespace"
+escaped:
+  description:
+    - The JSON pointers (RFC 6901) of the strings of this result that held bytes that are not
+      UTF-8 (a path, a process's C(SLURM_JOB_ID)), each given in bash's C($'...')
+      form - C(\xNN) for such a byte, a backslash doubled - so that the result is valid
+      Unicode, which the controller requires. Absent when there is none.
+  returned: when a string held bytes that are not UTF-8
+  type: list
+  elements: str
+  sample: ["/in_use/~1apps~1software~1TinyApp~1.1.0.20261201T053043Z-89e721/0/job_id"]
 """
 
 import dataclasses

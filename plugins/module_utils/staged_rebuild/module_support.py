@@ -136,14 +136,18 @@ def file_snapshot(path) -> dict:
 
 
 def render(snapshot) -> str:
-    """A snapshot as the text that diff mode compares, one block per module."""
+    """A snapshot as the text that diff mode compares, one block per module. The controller
+    shows it on its terminal as it is: each line is ``printable`` (a tab kept, as a module
+    file may indent with one), so a module file that another user wrote cannot drive it."""
     blocks = []
     for module, state in sorted(snapshot.items()):
         if state["live_dir"] is not None:
             identity = _IDENTITY.get(state["live_inode"], f"inode {state['live_inode']}")
             blocks.append(f"# {module}: {state['live_dir']} {identity}\n")
         blocks.append(f"# {state['module_file']}\n{state['module_text']}")
-    return "".join(blocks)
+    return "\n".join(
+        "\t".join(printable(part) for part in line.split("\t")) for line in "".join(blocks).split("\n")
+    )
 
 
 def diff(before, after) -> dict:

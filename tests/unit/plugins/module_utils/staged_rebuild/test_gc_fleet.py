@@ -12,7 +12,6 @@ import os
 
 import pytest
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.common.printable import unicode_result
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import inuse
 from tests.unit.plugins.module_utils.staged_rebuild.test_gc import GRACE, T0, Site
 
@@ -128,7 +127,7 @@ def test_in_fleet_mode_a_tree_whose_path_is_not_utf_8_is_kept_since_no_host_can_
     site.publish_run("run1")
     sibling = str(site.sibling("TinyApp/1.0", "run1"))
     # What the hosts were asked about: the path as the build host's result gave it, escaped.
-    (asked,) = unicode_result({"candidates": [sibling]})["candidates"]
+    asked = sibling.replace(os.fsdecode(b"\xff"), "\\xff")
     fleet = inuse.Fleet.from_answers({"c1": {asked: []}})
 
     report = site.gc(now=T0 + GRACE, fleet=fleet)
