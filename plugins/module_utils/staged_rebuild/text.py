@@ -628,9 +628,10 @@ def probed(result: Mapping[str, Any], context: Context) -> str:
             ("bwrap", yes[result["bwrap"]]),
             (
                 "userns",
-                yes[result["userns"]] + f" (user.max_user_namespaces = {result['max_user_namespaces']})",
+                yes[result["userns"]]
+                + printable(f" (user.max_user_namespaces = {result['max_user_namespaces']})"),
             ),
-            ("Backend", f"auto picks {result['auto_backend']}"),
+            ("Backend", f"auto picks {printable(result['auto_backend'])}"),
             ("EasyBuild", printable(result["easybuild_version"] or "not found")),
         ]
     )

@@ -16,6 +16,7 @@ import pytest
 
 import checkout
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import cli, text
+from tests.support import hostile
 from tests.support.timezone import local_zone
 
 UTC = datetime.timezone.utc
@@ -239,3 +240,72 @@ def test_the_docs_show_each_example(command):
 
     for line in cli.EXAMPLES[command]:
         assert line in docs, line
+
+
+# Every field of the results that the text words without a journal, each holding the
+# sequences: the output holds no control character and encodes in UTF-8.
+H = hostile.SEQUENCES
+
+
+def _count_shown(output) -> int:
+    """How often the sequences are shown escaped in ``output``, wrapped lines joined."""
+    return " ".join(output.split()).count(" ".join(hostile.SHOWN.split()))
+
+
+def _context():
+    return text.Context(state_root=f"/apps/{H}", now=datetime.datetime.now(UTC))
+
+
+def test_gc_s_text_shows_every_field_of_its_report_escaped():
+    entry = {"path": f"/apps/software/A/.1.0.{H}", "run_id": "r1", "why": f"in use by 1 process ({H})"}
+    report = {
+        "dry_run": False,
+        "removed": [{"path": f"/apps/software/B/{H}", "run_id": "r2"}],
+        "kept": [entry],
+        "manual": [dict(entry, why=H)],
+        "interrupted": [{"run_id": "r3", "state": "publishing", "why": H}],
+        "incomplete": [{"path": f"/apps/.staged/runs/{H}", "run_id": "r4", "why": H}],
+        "grace_hours": 144.0,
+        "processes": {"scanned": 3, "unreadable": 0, "seen": H},
+        "slurm": {"answered": False, "why": f"squeue exited 1: {H}"},
+        "fleet": {"unanswered": [H]},
+    }
+
+    shown = text.collected(report, _context())
+
+    hostile.assert_shown_safely(shown)
+    assert _count_shown(shown) == 11
+
+
+def test_probe_resume_and_a_dry_run_show_every_field_escaped():
+    probed = {
+        "path": H,
+        "filesystem": H,
+        "exchange": False,
+        "exchange_errno": H,
+        "publish_method": H,
+        "bwrap": True,
+        "userns": True,
+        "max_user_namespaces": 10,
+        "auto_backend": H,
+        "easybuild_version": H,
+        "recommendations": [H],
+    }
+    waiting = {"runs": [{"run_id": "r1", "state": H, "changed": False, "actions": [H]}]}
+    dry = {
+        "dry_run": True,
+        "modules": [H],
+        "backend": H,
+        "generation": H,
+        "command": ["eb", H],
+        "removed_options": [H],
+        "removed_environment": [H],
+    }
+
+    shown = [text.probed(probed, _context()), text.resume(waiting, _context()), text.rebuild(dry, _context())]
+
+    for output in shown:
+        hostile.assert_shown_safely(output)
+    assert _count_shown(shown[0]) == 7
+    assert _count_shown(shown[1]) == 2
+    assert f"  $'{hostile.SHOWN}'\n" in shown[2]  # EasyBuild's command: a word bash reads back
