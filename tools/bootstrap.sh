@@ -26,6 +26,7 @@ declare -A why=(
   [acl]="setfacl/getfacl check that module files keep their ACLs"
   [bindfs]="bindfs gives a real FUSE mount for the rename fallback"
   [shellcheck]="shellcheck lints the shell scripts"
+  [locales]="the en_US locale's sources, from which the tests make a strict UTF-8 locale (localedef)"
   [python3-venv]="python3-venv creates .venv"
   [openssh-server]="sshd on every node of the namespace cluster: Ansible reaches the nodes over SSH"
   [openssh-client]="ssh, the connection Ansible uses to the namespace cluster's nodes"
@@ -40,8 +41,8 @@ declare -A why=(
 case $profile in
   demo) wanted=(lmod bubblewrap munge slurmctld slurmd slurm-client) ;;
   test)
-    wanted=(lmod bubblewrap munge slurmctld slurmd slurm-client acl bindfs shellcheck openssh-server openssh-client
-      glusterfs-server glusterfs-client ceph-mon ceph-osd ceph-mds ceph-common ceph-fuse) ;;
+    wanted=(lmod bubblewrap munge slurmctld slurmd slurm-client acl bindfs shellcheck locales openssh-server
+      openssh-client glusterfs-server glusterfs-client ceph-mon ceph-osd ceph-mds ceph-common ceph-fuse) ;;
   *) die "unknown profile '$profile' (expected demo or test)" ;;
 esac
 

@@ -284,6 +284,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard import nodeinfo
 from ansible_collections.hpcstack.ops.plugins.module_utils.common.deadline import Terminated
+from ansible_collections.hpcstack.ops.plugins.module_utils.common.printable import unicode_result
 
 OPTIONS = ("eessi_root", "versions", "prefix", "lmod_cmd", "tmpdir", "job_env", "timeout")
 
@@ -305,8 +306,8 @@ def main():
         # Reads only, so the same in check mode.
         result = nodeinfo.node_report(**{name: module.params[name] for name in OPTIONS})
     except (nodeinfo.NodeInfoError, Terminated) as err:
-        module.fail_json(msg=str(err))
-    module.exit_json(**result)
+        module.fail_json(**unicode_result({"msg": str(err)}))
+    module.exit_json(**unicode_result(result))
 
 
 if __name__ == "__main__":

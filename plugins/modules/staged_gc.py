@@ -108,8 +108,11 @@ kept:
     - Previous trees and software directories that stay, each with its run and why (processes
       use it, the grace period, or a tracked module file still uses it). A tree that processes
       use also lists them (C(pid), C(uid), C(user), C(command), and C(uses), some of C(exe),
-      C(cwd), C(root), C(fd), C(maps), C(environ)); one that running jobs keep lists them in
-      C(jobs); one that fleet hosts were not asked about names them in C(not_asked).
+      C(cwd), C(root), C(fd), C(maps), C(environ)), and C(job_id), the process's
+      C(SLURM_JOB_ID) as it was; C(why) names a job only when that value has a Slurm job id's
+      form (C(4242), C(4242_7), C(4242+1)), and counts the others. One that running jobs keep
+      lists them in C(jobs); one that fleet hosts were not asked about names them in
+      C(not_asked).
   returned: success
   type: list
   elements: dict
@@ -207,6 +210,16 @@ dry_run:
   returned: success
   type: bool
   sample: false
+escaped:
+  description:
+    - The JSON pointers (RFC 6901) of the strings of this result that held bytes that are not
+      UTF-8 (a path, a process's C(SLURM_JOB_ID)), each given in bash's C($'...')
+      form - C(\xNN) for such a byte, a backslash doubled - so that the result is valid
+      Unicode, which the controller requires. Absent when there is none.
+  returned: when a string held bytes that are not UTF-8
+  type: list
+  elements: str
+  sample: ["/kept/0/processes/0/job_id"]
 """
 
 import os
@@ -249,9 +262,9 @@ def main():
     if failure is not None:
         module.fail_json(**failure)
     for run in result["interrupted"]:
-        module.warn(f"run {run['run_id']} ({run['state']}) is {run['why']}")
+        module.warn(module_support.warning(f"run {run['run_id']} ({run['state']}) is {run['why']}"))
     for run in result["incomplete"]:
-        module.warn(f"{run['path']}: {run['why']}")
+        module.warn(module_support.warning(f"{run['path']}: {run['why']}"))
     module.exit_json(**result)
 
 

@@ -76,12 +76,23 @@ processes:
     unreadable: 0
     as_uid: 0
     seen: "every process of this node's pid namespace"
+escaped:
+  description:
+    - The JSON pointers (RFC 6901) of the strings of this result that held bytes that are not
+      UTF-8 (a path, a process's C(SLURM_JOB_ID)), each given in bash's C($'...')
+      form - C(\xNN) for such a byte, a backslash doubled - so that the result is valid
+      Unicode, which the controller requires. Absent when there is none.
+  returned: when a string held bytes that are not UTF-8
+  type: list
+  elements: str
+  sample: ["/in_use/~1apps~1software~1TinyApp~1.1.0.20261201T053043Z-89e721/0/job_id"]
 """
 
 import dataclasses
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.hpcstack.ops.plugins.module_utils.common.printable import unicode_result
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import inuse
 
 
@@ -95,11 +106,13 @@ def main():
     if relative:
         module.fail_json(msg=f"trees: {relative[0]!r} is not an absolute path")
     found = inuse.scan(trees)
-    module.exit_json(
-        changed=False,
-        in_use={tree: [dataclasses.asdict(process) for process in found.users[tree]] for tree in trees},
-        processes=found.summary(),
-    )
+    # A process's job id or command is its owner's choice, and may hold bytes that are not
+    # UTF-8: the controller would refuse the whole answer, and this host would count as silent.
+    result = {
+        "in_use": {tree: [dataclasses.asdict(process) for process in found.users[tree]] for tree in trees},
+        "processes": found.summary(),
+    }
+    module.exit_json(changed=False, **unicode_result(result))
 
 
 if __name__ == "__main__":

@@ -279,16 +279,17 @@ def main():
         module.check_mode,
         module._diff,
         snapshot=snapshot,
+        progress=progress,
     )
     if failure is not None:
-        module.fail_json(progress=progress, **failure)
+        module.fail_json(**failure)
     # The tool's own notices (an unsandboxed build) are warnings, as its --json output shows them.
-    for line in progress:
+    for line in result["progress"]:
         if line.startswith(cli.PROG + ":"):
-            module.warn(line)
+            module.warn(module_support.warning(line))
     for warning in result.pop("warnings", []):
-        module.warn(warning)
-    module.exit_json(progress=progress, **result)
+        module.warn(module_support.warning(warning))
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

@@ -113,10 +113,11 @@ def main():
             trees=module_support.host_trees(os.environ),
         ),
         module.check_mode,
+        progress=progress,
     )
     if failure is not None:
         module.fail_json(**failure)
-    module.exit_json(progress=progress, **result)
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

@@ -90,7 +90,8 @@ def main(argv):
         lines += ['prepend_path("PATH", pathJoin(root, "bin"))', f'setenv("EBROOT{name.upper()}", root)']
         module_file = os.path.join(modules, "all", name, version + ".lua")
         os.makedirs(os.path.dirname(module_file), exist_ok=True)
-        text = ("\n".join(lines) + "\n").encode()
+        # The root as the path's bytes, as EasyBuild writes it (an install path need not be UTF-8).
+        text = ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
         # A description in Latin-1 (or any bytes): what a real easyconfig's text can hold.
         text = text.replace(
             b"Fake build", b"Fake build " + bytes.fromhex(os.environ.get("FAKE_EB_HELP_HEX", "")), 1

@@ -1,4 +1,5 @@
-"""Fixtures for the unit tests that run a child as another user or in another namespace."""
+"""Fixtures for the unit tests that run a child as another user or in another namespace, or
+in a strict UTF-8 locale."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from pathlib import Path
 import pytest
 
 import checkout
+from tests.support.locales import en_us_utf8
 from tests.support.users import unprivileged_user
 
-__all__ = ["package_dir", "unprivileged_user"]
+__all__ = ["en_us_utf8", "package_dir", "unprivileged_user"]
 
 
 @pytest.fixture(scope="session")

@@ -116,12 +116,14 @@ def _decide_and_write(options: Options, env, out, err) -> None:
 
         decision = step.decision_for(env, mode)
     if env.get("EESSI_ARCH_GUARD_VERBOSE") == "1":
-        detail = decision.detail.replace("\r", " ").replace("\n", " ")
-        _write(err, lean_os.fsencode(f"{PROG}: {detail}\n"))
+        _write(err, lean_os.fsencode(f"{PROG}: {emit.shown(decision.detail)}\n"))
     if options.json:
         import json  # noqa: PLC0415 (only --json needs it)
 
-        _write(out, json.dumps(dict(decision.as_dict(), mode=mode), indent=2).encode() + b"\n")
+        from ..common.printable import unicode_result  # noqa: PLC0415
+
+        shown = unicode_result(dict(decision.as_dict(), mode=mode))
+        _write(out, json.dumps(shown, indent=2).encode() + b"\n")
     elif options.shell_code:
         code, message = emit.shell_output(decision)
         _write(out, code)
@@ -132,8 +134,19 @@ def _decide_and_write(options: Options, env, out, err) -> None:
 
 def _skip_line(problem: Exception) -> bytes:
     text = str(problem) if isinstance(problem, _UsageProblem) else f"{type(problem).__name__}: {problem}"
-    what = " ".join(text.split())
+    what = _shown(" ".join(text.split()))
     return lean_os.fsencode(f"{PROG}: skipped, {what[:1000]}")
+
+
+def _shown(text: str) -> str:
+    """``text`` escaped as every line for people is (``emit.shown``); when even that cannot
+    be imported (a broken install, which is what this line reports), each character a
+    terminal could act on becomes ``?``."""
+    try:
+        from .emit import shown  # noqa: PLC0415
+    except Exception:  # the guard must not fail the task, whatever broke
+        return "".join(char if char.isprintable() else "?" for char in text)
+    return shown(text)
 
 
 def _write(stream, data: bytes) -> None:

@@ -15,6 +15,7 @@ import re
 
 from ..common.deadline import Deadline, DeadlineExceeded
 from ..common.errors import Terminated
+from ..common.printable import printable as escaped
 from . import archdetect, emit, envdelta, restore, settings
 from .decision import (
     ARCHDETECT_FAILED,
@@ -65,8 +66,9 @@ LABEL_MAX = 200
 
 
 def printable(text: str) -> str:
-    """``text`` as one short line: labels end up in marker values and messages."""
-    text = "".join(char if char.isprintable() else "?" for char in text)
+    """``text`` as one short line, escaped as every value shown to people is
+    (``common.printable``): labels end up in marker values and messages."""
+    text = escaped(text)
     return text if len(text) <= LABEL_MAX else text[: LABEL_MAX - 3] + "..."
 
 

@@ -88,8 +88,20 @@ def trim_utf8(data: bytes, limit: int) -> bytes:
 
 
 def print_line(message: str) -> bytes:
-    text = fsencode(message.replace("\r", " ").replace("\n", " "))
+    """The ``print`` directive of ``message``, one line that Slurm copies to the task's
+    output as it is: escaped (``shown``) and cut to fit."""
+    text = fsencode(shown(message))
     return b"print " + trim_utf8(text, PROLOG_LINE_MAX - len(b"print \n")) + b"\n"
+
+
+def shown(message: str) -> str:
+    """``message`` as a terminal may show it: ``common.printable``, imported only for a
+    message that needs it (the task path of a cached decision imports nothing more)."""
+    if message.isprintable():
+        return message
+    from ..common.printable import printable  # noqa: PLC0415
+
+    return printable(message)
 
 
 def prolog_output(decision: decisions.Decision, local_id) -> bytes:
@@ -110,5 +122,5 @@ def shell_output(decision: decisions.Decision):
         else b"export " + fsencode(name) + b"=" + fsencode(shlex.quote(value)) + b"\n"
         for name, value in decision.changes
     ]
-    message = fsencode(decision.message) + b"\n" if decision.message else b""
+    message = fsencode(shown(decision.message)) + b"\n" if decision.message else b""
     return b"".join(lines), message

@@ -9,6 +9,10 @@ the Ansible modules return), and otherwise ``text`` words it for people. Expecte
 print one line, ``eb-staged-rebuild: <message>``, and exit 2; a traceback only with
 ``--debug``. Exit 1 means done, with warnings, each on stderr as
 ``eb-staged-rebuild: warning: <what>``.
+
+What reaches the terminal goes through ``common.printable`` (the text's values, every
+stderr line); what ``--json`` prints is valid Unicode (``unicode_result``): nothing a value
+holds can drive the terminal, and nothing can fail the final write once the work is done.
 """
 
 from __future__ import annotations
@@ -17,10 +21,10 @@ import argparse
 import datetime
 import json
 import os
-import shlex
 import sys
 
 from ..common import errors
+from ..common.printable import printable, unicode_result
 from ..common.version import VERSION
 from . import commands, probe, settings, text
 from . import request as request_module
@@ -198,7 +202,7 @@ def _state_root(args):
 def _progress(args):
     def show(line):
         if not args.json or line.startswith(PROG + ":"):
-            sys.stderr.write(line + "\n")
+            sys.stderr.write(printable(line) + "\n")
             sys.stderr.flush()
 
     return show
@@ -255,7 +259,7 @@ def cmd_probe(args, now):
 
 def _text(args, result, now):
     """The result as text for people (``text``), and its warnings as stderr lines."""
-    command = PROG + (f" --state-root {shlex.quote(args.state_root)}" if args.state_root else "")
+    command = (PROG, "--state-root", args.state_root) if args.state_root else (PROG,)
     context = text.Context(
         # probe needs none: a command that reads journals was given one, or refused before.
         state_root=os.path.abspath(args.state_root or os.environ.get(settings.STATE_ROOT_VARIABLE, "")),
@@ -264,13 +268,30 @@ def _text(args, result, now):
         style=text.Style.for_stream(sys.stdout, os.environ),
     )
     for warning in result.get("warnings") or ():
-        sys.stderr.write(f"{PROG}: warning: {warning}\n")
+        sys.stderr.write(f"{PROG}: warning: {printable(warning)}\n")
     try:
         return args.words(result, context)
     except commands.FAILURES as err:
         # The command is done: its result is shown whole rather than lost with the wording.
-        sys.stderr.write(f"{PROG}: warning: the result is shown as JSON ({commands.failure_message(err)})\n")
-        return json.dumps(result, sort_keys=True) + "\n"
+        said = printable(commands.failure_message(err))
+        sys.stderr.write(f"{PROG}: warning: the result is shown as JSON ({said})\n")
+        return _json(result)
+
+
+def _json(result):
+    """The result as one JSON document: ASCII, with what is not Unicode escaped (and named)."""
+    return json.dumps(unicode_result(result), sort_keys=True) + "\n"
+
+
+def _write(stream, words):
+    """``words`` on ``stream``, whatever its encoding: a character it cannot encode (a name in
+    UTF-8 under a Latin-1 locale) is shown as a Python escape instead of failing the write
+    after the work is done. Every value was made printable before; this is the last guard."""
+    try:
+        stream.write(words)
+    except UnicodeEncodeError:
+        encoding = getattr(stream, "encoding", None) or "ascii"
+        stream.write(words.encode(encoding, "backslashreplace").decode(encoding))
 
 
 def _exit_code(result):
@@ -287,7 +308,7 @@ def main(argv=None, now=None):
     try:
         args = build_parser().parse_args(argv)
     except errors.UsageError as err:
-        sys.stderr.write(f"{PROG}: {err}\n")
+        sys.stderr.write(f"{PROG}: {printable(str(err))}\n")
         return err.exit_code
     try:
         with commands.sigterm_raises():
@@ -295,14 +316,14 @@ def main(argv=None, now=None):
     except errors.HpcstackError as err:
         if args.debug:
             raise
-        sys.stderr.write(f"{PROG}: {settings.cli_message(err)}\n")
+        sys.stderr.write(f"{PROG}: {printable(settings.cli_message(err))}\n")
         return err.exit_code
     except OSError as err:
         if args.debug:
             raise
-        sys.stderr.write(f"{PROG}: {commands.failure_message(err)}\n")
+        sys.stderr.write(f"{PROG}: {printable(commands.failure_message(err))}\n")
         return errors.EXIT_ERROR
-    sys.stdout.write(json.dumps(result, sort_keys=True) + "\n" if args.json else _text(args, result, now))
+    _write(sys.stdout, _json(result) if args.json else _text(args, result, now))
     return _exit_code(result)
 
 

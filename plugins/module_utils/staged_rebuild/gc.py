@@ -22,6 +22,7 @@ import os
 from typing import Any, Callable, Dict, List, Optional, Set
 
 from ..common import errors
+from ..common.printable import is_unicode
 from . import fsutil, inuse, modulefile, runningjobs, settings
 from . import journal as journals
 from .journal import RunKind, RunState, StepKind
@@ -95,13 +96,20 @@ def retired_trees(runs) -> List[str]:
 
 def in_use_reason(processes, where: str = "") -> str:
     """``in use[ on <where>] by 2 processes (pids 12, 34; users alice, bob; jobs 4242)``, the
-    jobs where the processes' environments name them."""
+    jobs where the processes' environments name them. A ``SLURM_JOB_ID`` that is not of a
+    job id's form (its owner set it to anything) is counted, not quoted: the ``processes``
+    of the report hold it as it was."""
     pids = ", ".join(str(process.pid) for process in processes)
     users = ", ".join(sorted({process.user for process in processes}))
-    jobs = ", ".join(sorted({process.job_id for process in processes if process.job_id}))
+    claimed = {process.job_id for process in processes if process.job_id}
+    jobs = sorted(job for job in claimed if inuse.is_job_id(job))
     noun = "process" if len(processes) == 1 else "processes"
     on = f" on {where}" if where else ""
-    of_jobs = f"; jobs {jobs}" if jobs else ""
+    of_jobs = f"; jobs {', '.join(jobs)}" if jobs else ""
+    others = len(claimed) - len(jobs)
+    if others:
+        values = "SLURM_JOB_ID that is not a job id" if others == 1 else "SLURM_JOB_IDs that are not job ids"
+        of_jobs += f"; {others} {values}"
     return f"in use{on} by {len(processes)} {noun} (pids {pids}; users {users}{of_jobs})"
 
 
@@ -140,6 +148,14 @@ def _kept_elsewhere(path, run_id, fleet) -> Optional[Dict[str, Any]]:
             "run_id": run_id,
             "why": f"not asked of {', '.join(not_asked)} (their scans ran before it was a candidate)",
             "not_asked": not_asked,
+        }
+    if not is_unicode(path):
+        # The other hosts are asked through Ansible, whose strings are Unicode: such a path
+        # reaches them escaped (``unicode_result``), names nothing there, and so proves nothing.
+        return {
+            "path": path,
+            "run_id": run_id,
+            "why": "its path is not UTF-8, so the other hosts cannot be asked about it: it is kept",
         }
     found = fleet.users.get(path)
     if not found:

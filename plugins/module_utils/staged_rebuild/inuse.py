@@ -226,6 +226,21 @@ def _environment_paths(data: bytes) -> List[str]:
     return paths
 
 
+def is_job_id(value: str) -> bool:
+    """Whether ``value`` has the form of a Slurm job id: digits, an array task's ``123_4`` or
+    a heterogeneous job's component ``123+1``. A process's ``SLURM_JOB_ID`` is whatever its
+    owner set: only a value of this form is named as a job for people."""
+    for separator in ("_", "+"):
+        head, found, tail = value.partition(separator)
+        if found:
+            return _digits(head) and _digits(tail)
+    return _digits(value)
+
+
+def _digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
 def _job_id(environ: bytes) -> Optional[str]:
     """The Slurm job a process belongs to: its environment's ``SLURM_JOB_ID``."""
     for record in environ.split(b"\0"):

@@ -3,8 +3,10 @@
 """What the staged-rebuild Ansible modules share, kept free of Ansible itself.
 
 The modules stay thin: their arguments in, one call of ``commands``, the result out. This
-holds the options they all take, the one-line failure of a call, and the snapshot of the
-live trees that diff mode shows before and after.
+holds the options they all take, the one-line failure of a call, the snapshot of the live
+trees that diff mode shows before and after, and what makes a result one Ansible takes:
+valid Unicode (``unicode_result``; the controller refuses a string that is not) and
+warnings that a terminal shows as they are (``warning``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import os
 import stat
 
+from ..common.printable import printable, unicode_result
 from . import commands, paths, settings
 from . import journal as journals
 from .request import RebuildRequest, configured_trees
@@ -51,7 +54,7 @@ def option_name(name) -> str:
     return settings.flag(name) if name in _COMMAND_LINE_ONLY else name
 
 
-def run(call, check_mode, diff_mode=False, snapshot=None):
+def run(call, check_mode, diff_mode=False, snapshot=None, progress=None):
     """One command for a module: ``(result, None)``, or ``(None, failure)`` when it failed.
 
     ``call(dry_run)`` runs the command, or in check mode its dry run, whose ``would_change``
@@ -59,7 +62,10 @@ def run(call, check_mode, diff_mode=False, snapshot=None):
     the after is the prediction: each live directory replaced, or a retired file gone.
     ``failure`` holds ``fail_json``'s arguments: ``msg``, one line that names the module's
     options, and ``error``, the error's stable kind (``lock_held``: another run holds the lock).
+    With ``progress`` (the list the call appended its progress lines to), both carry it as
+    ``progress``. Both are valid Unicode (``unicode_result``).
     """
+    carried = {} if progress is None else {"progress": progress}
     try:
         before = snapshot() if diff_mode and snapshot else None
         with commands.sigterm_raises():
@@ -70,11 +76,17 @@ def run(call, check_mode, diff_mode=False, snapshot=None):
             after = _predicted(before, result["changed"]) if check_mode else snapshot()
             result["diff"] = {"before": render(before), "after": render(after)}
     except commands.FAILURES as err:
-        return None, {
+        failure = {
             "msg": commands.failure_message(err, name_of=option_name),
             "error": commands.failure_kind(err),
         }
-    return result, None
+        return None, unicode_result(dict(carried, **failure))
+    return unicode_result(dict(result, **carried)), None
+
+
+def warning(text) -> str:
+    """A warning, which the controller shows on its terminal as it is: ``printable``."""
+    return printable(text)
 
 
 def _predicted(before, changes) -> dict:
@@ -124,14 +136,18 @@ def file_snapshot(path) -> dict:
 
 
 def render(snapshot) -> str:
-    """A snapshot as the text that diff mode compares, one block per module."""
+    """A snapshot as the text that diff mode compares, one block per module. The controller
+    shows it on its terminal as it is: each line is ``printable`` (a tab kept, as a module
+    file may indent with one), so a module file that another user wrote cannot drive it."""
     blocks = []
     for module, state in sorted(snapshot.items()):
         if state["live_dir"] is not None:
             identity = _IDENTITY.get(state["live_inode"], f"inode {state['live_inode']}")
             blocks.append(f"# {module}: {state['live_dir']} {identity}\n")
         blocks.append(f"# {state['module_file']}\n{state['module_text']}")
-    return "".join(blocks)
+    return "\n".join(
+        "\t".join(printable(part) for part in line.split("\t")) for line in "".join(blocks).split("\n")
+    )
 
 
 def diff(before, after) -> dict:

@@ -10,6 +10,13 @@ with the command that undoes it. What a result does not carry and a person wants
 inodes of a swap, when a grace period ends) is read from the run's journal after the
 command (``Context.journal``).
 
+Every value is shown through ``printable`` (``common.printable``): a control character, a
+byte that is not UTF-8 or another character a terminal could obey is shown escaped
+(``\x1b``, ``\n``, ``\xff``), so that no value another user chose (a process's
+``SLURM_JOB_ID``, a module file's root, a journal edited by hand) drives the terminal or
+fails the write. A command to paste is made of ``shell_word``s instead, which a shell reads
+back into the same arguments.
+
 Lines fit ``WIDTH`` columns; a path is never cut: text wraps between words only, and a
 path too long for its line goes on a line of its own, whole. Times are local, to the
 second, with how long ago. Colour only on a terminal and without ``NO_COLOR``
@@ -21,10 +28,10 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
-import shlex
 import textwrap
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ..common.printable import printable, shell_word
 from . import backends, paths
 from . import gc as gc_module
 from . import journal as journals
@@ -72,19 +79,20 @@ _PENDING = {state.value for state in journals.INTERRUPTED} | {"manual", "incompl
 @dataclasses.dataclass
 class Context:
     """What wording a result needs beyond the result: the state root (to read a run's
-    journal), the moment the command ran, how the user called the tool (for the commands it
-    suggests) and the style."""
+    journal), the moment the command ran, how the user called the tool (its arguments, for
+    the commands it suggests) and the style."""
 
     state_root: str
     now: datetime.datetime
-    command: str = "eb-staged-rebuild"
+    command: Tuple[str, ...] = ("eb-staged-rebuild",)
     style: Style = Style()
 
     def journal(self, run_id: str) -> journals.Journal:
         return journals.find(self.state_root, run_id)
 
-    def suggest(self, *words: str) -> str:
-        return " ".join([self.command, *(shlex.quote(word) for word in words)])
+    def suggest(self, *words: str) -> List[str]:
+        """The tool's command line with ``words``, each as a shell reads it back."""
+        return [shell_word(word) for word in (*self.command, *words)]
 
 
 # Times
@@ -184,20 +192,21 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]], style: Style) ->
 _LAST_COLUMN = 24
 
 
-def command(label: str, words: str) -> List[str]:
-    """``Label: <command>``; a command too long for one line goes under its label and
-    continues with `` \\`` after a word, so that it still pastes into a shell."""
-    line = f"{label}: {words}"
+def command(label: str, words: Sequence[str]) -> List[str]:
+    """``Label: <command>``; ``words`` are shell words (``shell_word``), joined by blanks. A
+    command too long for one line goes under its label and continues with `` \\`` between
+    two words, never inside one (a quoted word may hold blanks), so that it still pastes."""
+    line = f"{label}: {' '.join(words)}"
     if len(line) <= WIDTH:
         return [line]
-    parts = textwrap.wrap(
-        words,
-        WIDTH - 2,
-        initial_indent="  ",
-        subsequent_indent="    ",
-        break_long_words=False,
-        break_on_hyphens=False,
-    )
+    parts = ["  " + words[0]]
+    for word in words[1:]:
+        # Room for the continuation: WIDTH - 2 columns, as a word too long for any line
+        # stays whole on its own.
+        if len(parts[-1]) + 1 + len(word) <= WIDTH - 2:
+            parts[-1] += " " + word
+        else:
+            parts.append("    " + word)
     return [f"{label}:", *(part + " \\" for part in parts[:-1]), parts[-1]]
 
 
@@ -225,24 +234,24 @@ def status(result: Mapping[str, Any], context: Context) -> str:
     if runs:
         rows = [
             (
-                run["run_id"],
-                run["kind"],
-                run["state"],
+                printable(run["run_id"]),
+                printable(run["kind"]),
+                printable(run["state"]),
                 when(run["created"], context.now),
-                ", ".join(_run_modules(run)),
+                ", ".join(map(printable, _run_modules(run))),
             )
             for run in runs
         ]
         lines = table(("RUN", "KIND", "STATE", "CREATED", "MODULES"), rows, context.style)
     else:
-        lines = [f"No runs in {context.state_root}."]
+        lines = [f"No runs in {printable(context.state_root)}."]
     lines.extend(_incomplete(result["incomplete"], context.style))
     for run in runs:
         if RunState(run["state"]) in journals.INTERRUPTED:
             lines += [
                 "",
                 *command(
-                    f"Run {run['run_id']} is interrupted ({run['state']}); next",
+                    printable(f"Run {run['run_id']} is interrupted ({run['state']}); next"),
                     _next_command(run["run_id"], RunKind(run["kind"]), context),
                 ),
             ]
@@ -252,7 +261,11 @@ def status(result: Mapping[str, Any], context: Context) -> str:
 def _incomplete(incomplete, style: Style) -> List[str]:
     lines: List[str] = []
     for entry in incomplete:
-        lines += ["", *field(style.state("incomplete"), entry["path"]), *wrap(entry["why"], "  ")]
+        lines += [
+            "",
+            *field(style.state("incomplete"), printable(entry["path"])),
+            *wrap(printable(entry["why"]), "  "),
+        ]
     return lines
 
 
@@ -260,6 +273,7 @@ _LABEL = 12
 
 
 def _fields(pairs, indent: str = "", label_width: int = _LABEL) -> List[str]:
+    """``field`` for each ``(label, value)``; each value shown already (``printable``)."""
     lines: List[str] = []
     for label, value in pairs:
         lines.extend(field(label, value, indent, label_width))
@@ -267,11 +281,11 @@ def _fields(pairs, indent: str = "", label_width: int = _LABEL) -> List[str]:
 
 
 def _exists(path: str) -> str:
-    return f"{path} ({'exists' if os.path.lexists(path) else 'gone'})"
+    return f"{printable(path)} ({'exists' if os.path.lexists(path) else 'gone'})"
 
 
 def _backend(name: str) -> str:
-    return f"{name}, {'sandboxed' if name in backends.SANDBOXED else 'no sandbox'}"
+    return f"{printable(name)}, {'sandboxed' if name in backends.SANDBOXED else 'no sandbox'}"
 
 
 def run_block(result: Mapping[str, Any], context: Context) -> str:
@@ -282,30 +296,30 @@ def run_block(result: Mapping[str, Any], context: Context) -> str:
     backend = f", backend {_backend(run.backend)}" if run.backend else ""
     lines = _fields(
         [
-            ("Run", run.run_id),
+            ("Run", printable(run.run_id)),
             ("Kind", run.kind.value + backend),
             ("State", f"{context.style.state(run.state.value)} since {when(run.changed_since, context.now)}"),
             ("Created", when(run.created, context.now)),
-            ("Journal", journal.path),
+            ("Journal", printable(journal.path)),
         ]
     )
     if run.kind is RunKind.RETIRE:
         retired_to = run.retired_to or ""
         lines += _fields(
             [
-                ("Module file", run.module_file or ""),
+                ("Module file", printable(run.module_file or "")),
                 ("Retired to", _exists(retired_to) if retired_to else ""),
-                ("Software", run.software_dir or ""),
-                ("Reason", run.reason or ""),
+                ("Software", printable(run.software_dir or "")),
+                ("Reason", printable(run.reason or "")),
             ]
         )
     for entry in run.modules:
-        lines += ["", f"Module {entry.module}"]
+        lines += ["", f"Module {printable(entry.module)}"]
         lines += _fields(
             [
-                ("Live", entry.stable_path),
+                ("Live", printable(entry.stable_path)),
                 ("Retired", _exists(entry.retired_path)),
-                ("Module file", entry.module_file),
+                ("Module file", printable(entry.module_file)),
             ],
             "  ",
         )
@@ -313,12 +327,12 @@ def run_block(result: Mapping[str, Any], context: Context) -> str:
         lines += ["", "Steps:"]
         for step in run.steps:
             unfinished = "" if step.status is journals.StepStatus.DONE else "  (started, not done)"
-            lines.append(f"  {local_time(_parse(step.at))}  {step.step}{unfinished}")
+            lines.append(f"  {local_time(_parse(step.at))}  {printable(str(step.step))}{unfinished}")
     lines += _next(run.run_id, run.kind, run.state, context)
     return _done(lines)
 
 
-def _next_command(run_id: str, kind: RunKind, context: Context) -> str:
+def _next_command(run_id: str, kind: RunKind, context: Context) -> List[str]:
     """What finishes an interrupted run: ``resume`` for a rebuild, ``rollback RUN`` for a retire."""
     if kind is RunKind.RETIRE:
         return context.suggest("rollback", run_id)
@@ -342,11 +356,15 @@ def _published_modules(journal: journals.Journal) -> List[str]:
     where the previous tree and module file are kept."""
     lines: List[str] = []
     for entry in journal.modules:
-        backup = entry.module_backup or "none (there was no module file before)"
+        backup = (
+            printable(entry.module_backup)
+            if entry.module_backup
+            else "none (there was no module file before)"
+        )
         lines += _module_block(
             entry,
             ("Inode", f"{entry.stage_ino}, was {entry.live_ino}"),
-            ("Previous", entry.retired_path),
+            ("Previous", printable(entry.retired_path)),
             ("Previous file", backup),
         )
     return lines
@@ -355,8 +373,14 @@ def _published_modules(journal: journals.Journal) -> List[str]:
 def _module_block(entry, inode, tree, module_file) -> List[str]:
     """A module's lines after a swap: its live path, ``inode``, where the other tree is
     (``tree``), its module file and where the other module file is (``module_file``)."""
-    rows = [("Live", entry.stable_path), inode, tree, ("Module file", entry.module_file), module_file]
-    return ["", entry.module, *_fields(rows, "  ", _MODULE_LABEL)]
+    rows = [
+        ("Live", printable(entry.stable_path)),
+        inode,
+        tree,
+        ("Module file", printable(entry.module_file)),
+        module_file,
+    ]
+    return ["", printable(entry.module), *_fields(rows, "  ", _MODULE_LABEL)]
 
 
 # The widest label of a module's lines, and the colon.
@@ -371,7 +395,7 @@ def rebuild(result: Mapping[str, Any], context: Context) -> str:
     count = len(journal.modules)
     noun = "module" if count == 1 else "modules"
     lines = wrap(
-        f"Published run {result['run_id']}: {count} {noun} swapped in "
+        f"Published run {printable(result['run_id'])}: {count} {noun} swapped in "
         f"(backend {_backend(result['backend'])})."
     )
     lines += _published_modules(journal)
@@ -388,16 +412,20 @@ def rebuild(result: Mapping[str, Any], context: Context) -> str:
 
 def _rebuild_dry_run(result: Mapping[str, Any]) -> str:
     lines = wrap(
-        f"Dry run: would rebuild {', '.join(result['modules'])} with backend {_backend(result['backend'])}, "
-        f"building in {result['generation']}; nothing was built or changed."
+        f"Dry run: would rebuild {', '.join(map(printable, result['modules']))} with backend "
+        f"{_backend(result['backend'])}, building in {printable(result['generation'])}; nothing was built "
+        "or changed."
     )
     # One argument a line, continued as a shell would read it: a long path stays whole.
-    words = [shlex.quote(word) for word in result["command"]]
+    words = [shell_word(word) for word in result["command"]]
     lines += ["EasyBuild's command:", *(f"  {word} \\" for word in words[:-1]), f"  {words[-1]}"]
     if result["removed_options"]:
-        lines += wrap("Left out of EasyBuild's options: " + " ".join(result["removed_options"]))
+        lines += wrap(
+            "Left out of EasyBuild's options: " + " ".join(map(printable, result["removed_options"]))
+        )
     if result["removed_environment"]:
-        lines += wrap("Left out of EasyBuild's environment: " + " ".join(result["removed_environment"]))
+        removed = " ".join(map(printable, result["removed_environment"]))
+        lines += wrap("Left out of EasyBuild's environment: " + removed)
     return _done(lines)
 
 
@@ -410,15 +438,15 @@ def resume(result: Mapping[str, Any], context: Context) -> str:
         if lines:
             lines.append("")
         state = RunState(run["state"])
-        lines += wrap(f"Resumed run {run['run_id']}: {context.style.state(state.value)}.")
-        lines += [line for action in run["actions"] for line in wrap(action, "  ")]
+        lines += wrap(f"Resumed run {printable(run['run_id'])}: {context.style.state(state.value)}.")
+        lines += [line for action in run["actions"] for line in wrap(printable(action), "  ")]
         if state is RunState.PUBLISHED:
             lines += _published_modules(context.journal(run["run_id"]))
             lines += ["", *command("Undo", context.suggest("rollback", run["run_id"]))]
         else:
             lines += wrap("The trees are as they were before the run; there is nothing to undo.", "  ")
     for run in waiting:
-        lines += wrap(f"Run {run['run_id']} ({run['state']}): {run['actions'][0]}")
+        lines += wrap(printable(f"Run {run['run_id']} ({run['state']}): {run['actions'][0]}"))
     if not changed and not waiting:
         lines = ["Nothing to resume: no run is interrupted."]
     return _done(lines)
@@ -428,20 +456,26 @@ def rollback(result: Mapping[str, Any], context: Context) -> str:
     """A rollback: what is live again, what is kept, and the command that publishes it again."""
     run_id = result["run_id"]
     if not result["changed"]:
-        return _done(wrap(f"Run {run_id} is {result['state']}: nothing to roll back, nothing changed."))
+        return _done(
+            wrap(printable(f"Run {run_id} is {result['state']}: nothing to roll back, nothing changed."))
+        )
     journal = context.journal(run_id)
     if journal.run.kind is RunKind.RETIRE:
         module_file = str(journal.run.module_file)
-        lines = wrap(f"Rolled back run {run_id}: module file {module_file} is back in place.")
+        lines = wrap(printable(f"Rolled back run {run_id}: module file {module_file} is back in place."))
         undo = context.suggest("retire", module_file, "--reason", journal.run.reason or "")
         return _done([*lines, "", *command("Undo", undo)])
-    lines = wrap(f"Rolled back run {run_id}: the previous trees are live again.")
+    lines = wrap(f"Rolled back run {printable(run_id)}: the previous trees are live again.")
     for entry in journal.modules:
-        restored = entry.module_backup or "none: the module file is removed, as there was none before"
+        restored = (
+            printable(entry.module_backup)
+            if entry.module_backup
+            else "none: the module file is removed, as there was none before"
+        )
         lines += _module_block(
             entry,
             ("Inode", f"{entry.live_ino} again, was {entry.stage_ino}"),
-            ("Rolled back", entry.retired_path),
+            ("Rolled back", printable(entry.retired_path)),
             ("Restored from", restored),
         )
     lines += [
@@ -452,7 +486,7 @@ def rollback(result: Mapping[str, Any], context: Context) -> str:
     return _done(lines)
 
 
-def _rebuild_command(journal: journals.Journal, context: Context) -> str:
+def _rebuild_command(journal: journals.Journal, context: Context) -> List[str]:
     request = journal.request
     trees = journal.trees
     installpath = os.path.dirname(trees.software)
@@ -468,14 +502,16 @@ def retire(result: Mapping[str, Any], context: Context) -> str:
     """A retire: where the module file went, what stays, and how to undo it."""
     run_id = result["run_id"]
     if not result["changed"]:
-        return _done(wrap(f"{result['module_file']} is already retired by run {run_id}: nothing changed."))
+        return _done(
+            wrap(printable(f"{result['module_file']} is already retired by run {run_id}: nothing changed."))
+        )
     journal = context.journal(run_id)
-    lines = wrap(f"Retired run {run_id}: the module file is out of MODULEPATH's way.")
+    lines = wrap(f"Retired run {printable(run_id)}: the module file is out of MODULEPATH's way.")
     lines += _fields(
         [
-            ("Module file", result["module_file"]),
-            ("Kept at", result["retired_to"]),
-            ("Software", journal.run.software_dir),
+            ("Module file", printable(result["module_file"])),
+            ("Kept at", printable(result["retired_to"])),
+            ("Software", printable(journal.run.software_dir or "")),
         ],
         "  ",
     )
@@ -513,17 +549,16 @@ def collected(report: Mapping[str, Any], context: Context) -> str:
     for kind in ("removed", "kept", "manual"):
         for entry in report[kind]:
             label = context.style.state(f"{_fate(kind, dry_run):<{width}}")
-            lines.append(f"{label}  {entry['path']}")
+            lines.append(f"{label}  {printable(entry['path'])}")
             # An old tree's name ends with its run's id; a retired software directory's does not.
             run = "" if entry["path"].endswith("." + entry["run_id"]) else f"run {entry['run_id']}"
             reason = "" if kind == "removed" else _reason(entry, report["grace_hours"], run_of, context.now)
             said = ": ".join(part for part in (run, reason) if part)
             if said:
-                lines += wrap(said, " " * (width + 2))
+                lines += wrap(printable(said), " " * (width + 2))
     for entry in report["interrupted"]:
-        lines += wrap(
-            f"{context.style.state('interrupted')}  run {entry['run_id']} ({entry['state']}): {entry['why']}"
-        )
+        said = printable(f"run {entry['run_id']} ({entry['state']}): {entry['why']}")
+        lines += wrap(f"{context.style.state('interrupted')}  {said}")
     lines += _incomplete(report["incomplete"], context.style)
     if lines:
         lines.append("")
@@ -545,7 +580,7 @@ def _seen(report: Mapping[str, Any]) -> List[str]:
     """What gc looked at: this node's processes, Slurm's jobs, the fleet's answers."""
     processes = report["processes"]
     unreadable = f", {processes['unreadable']} unreadable" if processes["unreadable"] else ""
-    lines = wrap(f"Processes: {processes['scanned']} checked ({processes['seen']}{unreadable}).")
+    lines = wrap(printable(f"Processes: {processes['scanned']} checked ({processes['seen']}{unreadable})."))
     slurm = report["slurm"]
     if slurm["answered"]:
         noun = "job" if slurm["running"] == 1 else "jobs"
@@ -554,10 +589,12 @@ def _seen(report: Mapping[str, Any]) -> List[str]:
             "started before its swap runs."
         )
     else:
-        lines += wrap(f"Slurm: {slurm['why']}; trees are kept for the grace period.")
+        lines += wrap(printable(f"Slurm: {slurm['why']}; trees are kept for the grace period."))
     fleet = report.get("fleet")
     if fleet is not None and fleet["unanswered"]:
-        lines += wrap(f"Fleet: no answer from {', '.join(fleet['unanswered'])}: every tree is kept.")
+        lines += wrap(
+            printable(f"Fleet: no answer from {', '.join(fleet['unanswered'])}: every tree is kept.")
+        )
     return lines
 
 
@@ -580,23 +617,24 @@ def probed(result: Mapping[str, Any], context: Context) -> str:
     yes = {True: "works", False: "fails"}
     lines = _fields(
         [
-            ("Path", result["path"]),
-            ("Filesystem", result["filesystem"]),
+            ("Path", printable(result["path"])),
+            ("Filesystem", printable(result["filesystem"])),
             (
                 "Exchange",
                 yes[result["exchange"]]
-                + (f" ({result['exchange_errno']})" if result["exchange_errno"] else ""),
+                + (f" ({printable(result['exchange_errno'])})" if result["exchange_errno"] else ""),
             ),
-            ("Publish", result["publish_method"]),
+            ("Publish", printable(result["publish_method"])),
             ("bwrap", yes[result["bwrap"]]),
             (
                 "userns",
-                yes[result["userns"]] + f" (user.max_user_namespaces = {result['max_user_namespaces']})",
+                yes[result["userns"]]
+                + printable(f" (user.max_user_namespaces = {result['max_user_namespaces']})"),
             ),
-            ("Backend", f"auto picks {result['auto_backend']}"),
-            ("EasyBuild", result["easybuild_version"] or "not found"),
+            ("Backend", f"auto picks {printable(result['auto_backend'])}"),
+            ("EasyBuild", printable(result["easybuild_version"] or "not found")),
         ]
     )
     for line in result["recommendations"]:
-        lines += wrap(f"Recommended: {line}")
+        lines += wrap(f"Recommended: {printable(line)}")
     return _done(lines)

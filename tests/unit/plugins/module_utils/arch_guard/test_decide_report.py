@@ -263,12 +263,12 @@ def test_an_empty_accelerator_is_no_accelerator():
 
 def test_a_label_is_one_printable_line():
     node = decide.Node("x86_64/\n\r\0\x1b/zen3", None)
-    assert node.label() == "x86_64/????/zen3"
+    assert node.label() == "x86_64/\\n\\r\\x00\\x1b/zen3"
 
 
-def test_printable_replaces_what_a_terminal_or_slurm_would_act_on():
-    assert decide.printable("a\nb\rc\0d\te\x1bf") == "a?b?c?d?e?f"
-    assert decide.printable(os.fsdecode(b"x\xffy")) == "x?y"
+def test_printable_escapes_what_a_terminal_or_slurm_would_act_on():
+    assert decide.printable("a\nb\rc\0d\te\x1bf") == "a\\nb\\rc\\x00d\\te\\x1bf"
+    assert decide.printable(os.fsdecode(b"x\xffy")) == "x\\xffy"
     assert decide.printable("x86_64/intel/icelake é") == "x86_64/intel/icelake é"
 
 

@@ -150,8 +150,10 @@ def test_a_message_of_exactly_the_limit_is_kept_whole():
     assert emit.print_line(message) == b"print " + message.encode() + b"\n"
 
 
-def test_newlines_in_a_message_become_spaces():
-    assert emit.print_line("one\ntwo\r\nthree") == b"print one two  three\n"
+def test_control_characters_in_a_message_are_shown_escaped_on_its_one_line():
+    assert emit.print_line("one\ntwo\r\nthree") == b"print one\\ntwo\\r\\nthree\n"
+    assert emit.print_line("a\x1b]52;c;eA==\x07b\x9bc") == b"print a\\x1b]52;c;eA==\\x07b\\u009bc\n"
+    assert emit.print_line(os.fsdecode(b"x\xffy")) == b"print x\\xffy\n"
 
 
 def _failure():

@@ -7,6 +7,7 @@ staged_rebuild/test_cli.py already holds the module name ``test_cli``.)
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 
 import checkout
 from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard import cli
+from tests.support import hostile
 from tests.support.slurm_taskprolog import parse
 
 FAILED_EXPORT = b"export EESSI_ARCH_GUARD_FAILED=x86_64/amd/zen3->archdetect-failed\n"
@@ -225,3 +227,49 @@ def test_a_real_run_without_any_stdout_exits_0_quietly(package_dir):
     without_fd1 = ("/bin/sh", "-c", 'exec "$@" >&-', "sh")
     result = _run_cli(package_dir, [], _loaded_elsewhere(), wrapper=without_fd1)
     assert (result.returncode, result.stderr) == (0, b"")
+
+
+# What a job's user (or a site's module tree) put in the environment reaches the job's output
+# and a verbose stderr escaped, as every value eb-staged-rebuild shows.
+
+
+def test_the_verbose_detail_shows_a_hostile_prefix_escaped_on_its_one_line():
+    env = _loaded_elsewhere(
+        SLURM_LOCALID="1", EESSI_ARCH_GUARD_VERBOSE="1", EESSI_PREFIX=f"/nonexistent/{hostile.SEQUENCES}"
+    )
+
+    status, stdout, stderr = _main([], env)
+
+    assert (status, stdout) == (0, FAILED_EXPORT)
+    assert stderr == (
+        f"eessi-arch-guard: no eessi_archdetect.sh in /nonexistent/{hostile.SHOWN}/init/eessi_archdetect.sh\n"
+    ).encode()
+
+
+class HostileEnviron(dict):
+    """An environment whose reads fail with a message that holds the sequences."""
+
+    def get(self, key, default=None):
+        raise RuntimeError(hostile.CLIPBOARD + hostile.ERASE_LINE + hostile.C1_CSI + hostile.NOT_UTF8)
+
+
+@pytest.mark.parametrize("argv", [[], ["--shell"]])
+def test_a_skip_line_shows_what_it_quotes_escaped(argv):
+    status, stdout, stderr = _main(argv, HostileEnviron())
+
+    line = stdout if not argv else stderr
+    assert status == 0
+    assert line.endswith(b"skipped, RuntimeError: " + hostile.IN_A_PATH_SHOWN.encode() + b"\n")
+    hostile.assert_shown_safely(line)
+
+
+def test_json_is_valid_unicode_and_names_a_value_that_is_not():
+    env = _loaded_elsewhere(EESSI_PREFIX=f"/nonexistent/{hostile.NOT_UTF8}")
+
+    status, stdout, _stderr = _main(["--json"], env)
+
+    decision = json.loads(stdout.decode("utf-8"))
+    assert status == 0
+    assert decision["detail"] == "no eessi_archdetect.sh in /nonexistent/\\xff/init/eessi_archdetect.sh"
+    assert decision["escaped"] == ["/detail"]
+    assert b"\\ud" not in stdout

@@ -20,6 +20,7 @@ from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import backends, cli, text
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import journal as journals
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild.journal import RunState
+from tests.support import hostile
 from tests.support.staged import FAKE_EB, StagedSite
 from tests.unit.plugins.module_utils.staged_rebuild.journal_records import (
     publish_journal,
@@ -615,3 +616,68 @@ def test_resume_as_text_names_an_interrupted_retire_and_the_rollback_that_resolv
         f"Run {run_id} (retiring): retire record: 'eb-staged-rebuild rollback\n  {run_id}' resolves it\n"
     )
     assert journals.find(str(site.state_root), run_id).state is RunState.RETIRING
+
+
+# Values that another user (or a hand-edited journal) chose: shown escaped, never obeyed.
+
+
+def test_an_error_line_shows_a_hostile_state_root_escaped_on_its_one_line(site, capsys):
+    code = cli.main(["--state-root", f"/nowhere/{hostile.SEQUENCES}", "status"])
+
+    captured = capsys.readouterr()
+    assert code == errors.EXIT_ERROR
+    assert hostile.SHOWN in _one_line_error(captured)
+    hostile.assert_shown_safely(captured.err)
+
+
+def test_status_shows_a_hand_edited_journal_s_values_escaped(site, capsys):
+    publish = publish_journal(
+        site.state_root / "runs", "run1", trees_of(site.installpath), state=RunState.PUBLISHED
+    )
+    publish.run.backend = hostile.SEQUENCES
+    publish.save()
+    retire_journal(
+        site.state_root / "runs",
+        "retire-20261202T101500123456Z",
+        module_file=site.module_file(APP),
+        software_dir=f"{site.software}/{hostile.IN_A_PATH}/1.0",
+        reason=hostile.SEQUENCES,
+    )
+
+    listed = _main(site, "status")
+    out = capsys.readouterr().out
+    shown = _main(site, "status", "run1")
+    run = capsys.readouterr().out
+    retired = _main(site, "status", "retire-20261202T101500123456Z")
+    retire = capsys.readouterr().out
+
+    assert (listed, shown, retired) == (0, 0, 0)
+    assert f"{hostile.IN_A_PATH_SHOWN}/1.0" in out
+    assert f"  publish, backend {hostile.SHOWN}, no sandbox\n" in run
+    assert f"Reason:      {hostile.SHOWN}\n" in retire
+    assert f"Software:\n  {site.software}/{hostile.IN_A_PATH_SHOWN}/1.0\n" in retire
+    for output in (out, run, retire):
+        hostile.assert_shown_safely(output)
+
+
+def test_a_state_root_that_is_not_utf_8_is_shown_escaped_and_json_says_which_strings_are(tmp_path, capsys):
+    # capsys writes UTF-8 strictly, as stdout does under en_US.UTF-8.
+    site = StagedSite(
+        installpath=tmp_path / "apps",
+        state_root=tmp_path / f"state-{hostile.NOT_UTF8}",
+        package_root=tmp_path,
+    )
+    _interrupted_run(site)
+
+    text_code = _main(site, "status", "run1")
+    out = capsys.readouterr().out
+    json_code = _main(site, "--json", "status", "run1")
+    document = capsys.readouterr().out
+
+    assert (text_code, json_code) == (0, 0)
+    assert f"Journal:\n  {tmp_path}/state-\\xff/runs/run1/journal.json\n" in out
+    hostile.assert_shown_safely(out)
+    shown = json.loads(document)
+    assert shown["escaped"] == ["/run/journal"]
+    assert shown["run"]["journal"] == f"{tmp_path}/state-\\xff/runs/run1/journal.json"
+    assert "\\ud" not in document  # no surrogate, escaped or not

@@ -65,7 +65,7 @@ class Site:
             self._tree(self.sibling(module, run_id), "old")
             module_file = self.module_file(module)
             module_file.parent.mkdir(parents=True, exist_ok=True)
-            module_file.write_text(f'local root = "{stable}"\n')
+            module_file.write_bytes(os.fsencode(f'local root = "{stable}"\n'))  # any path's bytes
         journal = publish_journal(self.runs, run_id, self.trees, modules, state=state)
         for entry in journal.modules:
             assert entry.retired_path == str(self.sibling(entry.module, run_id))

@@ -8,6 +8,8 @@ real over SSH on the cluster); here they are given as data, with real journals a
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import inuse
@@ -103,3 +105,63 @@ def test_within_the_grace_period_the_fleet_answers_do_not_remove_anything(site):
 
     assert report["removed"] == []
     assert [entry["why"] for entry in report["kept"]] == ["grace period"]
+
+
+@pytest.mark.parametrize(
+    ("value", "is_job"),
+    [
+        ("4242", True),
+        ("4242_7", True),  # an array task
+        ("4242+1", True),  # a heterogeneous job's component
+        ("", False),
+        ("4242_", False),
+        ("_7", False),
+        ("4242_7+1", False),
+        ("42 42", False),
+        ("\uff14\uff12", False),  # digits, but not ASCII ones (fullwidth)
+        ("4242\x1b[2K", False),
+        ("\x1b]52;c;aGk=\x07", False),
+    ],
+)
+def test_a_job_id_has_slurm_s_form(value, is_job):
+    assert inuse.is_job_id(value) is is_job
+
+
+def test_a_job_id_that_is_not_of_slurm_s_form_is_counted_in_the_reason_and_kept_whole_in_the_processes(site):
+    site.publish_run("run1")
+    sibling = str(site.sibling("TinyApp/1.0", "run1"))
+    hostile = "\x1b]52;c;aGk=\x07\x1b[2K\rremoved  /apps/software/TinyApp/.1.0.run1\n"
+    fleet = inuse.Fleet.from_answers(
+        {"c1": {sibling: [dict(PROCESS, job_id=hostile), dict(PROCESS, pid=4712, job_id="4242_3")]}}
+    )
+
+    report = site.gc(now=T0 + GRACE, fleet=fleet)
+
+    (kept,) = report["kept"]
+    assert kept["why"] == (
+        "in use on c1 by 2 processes (pids 4711, 4712; users alice; jobs 4242_3; "
+        "1 SLURM_JOB_ID that is not a job id)"
+    )
+    assert [process["job_id"] for process in kept["processes"]] == [hostile, "4242_3"]
+
+
+def test_in_fleet_mode_a_tree_whose_path_is_not_utf_8_is_kept_since_no_host_can_be_asked_about_it(tmp_path):
+    site = Site(tmp_path / os.fsdecode(b"site-\xff"))
+    site.publish_run("run1")
+    sibling = str(site.sibling("TinyApp/1.0", "run1"))
+    # What the hosts were asked about: the path as the build host's result gave it, escaped.
+    asked = sibling.replace(os.fsdecode(b"\xff"), "\\xff")
+    fleet = inuse.Fleet.from_answers({"c1": {asked: []}})
+
+    report = site.gc(now=T0 + GRACE, fleet=fleet)
+
+    assert asked != sibling
+    assert report["removed"] == []
+    assert report["kept"] == [
+        {
+            "path": sibling,
+            "run_id": "run1",
+            "why": "its path is not UTF-8, so the other hosts cannot be asked about it: it is kept",
+        }
+    ]
+    assert site.sibling("TinyApp/1.0", "run1").is_dir()

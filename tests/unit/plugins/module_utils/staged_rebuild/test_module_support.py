@@ -12,6 +12,7 @@ import pytest
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
 from ansible_collections.hpcstack.ops.plugins.module_utils.common.errors import setting
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import module_support, settings
+from tests.support import hostile
 
 LIVE = {"live_dir": "/apps/software/A/1", "live_inode": 11, "module_file": "/m/A/1.lua", "module_text": "x\n"}
 
@@ -165,3 +166,17 @@ def test_a_real_refusal_of_a_setting_names_the_option_in_a_module():
 
     assert result is None
     assert failure == {"msg": "lock_timeout must be 0 or more seconds, not -1.0", "error": "usage"}
+
+
+def test_the_diff_shows_a_module_file_s_control_characters_escaped_and_keeps_its_lines_and_tabs():
+    # A line break of the file stays one; a carriage return would hide the line before it.
+    text = f'local root = "/apps/{hostile.IN_A_PATH}\r"\n\tsetenv("X", "1")\n'
+    state = dict(LIVE, module_text=text, module_file=f"/m/{hostile.IN_A_PATH}.lua")
+
+    shown = module_support.render({"A/1": state})
+
+    assert shown == (
+        f"# A/1: /apps/software/A/1 inode 11\n# /m/{hostile.IN_A_PATH_SHOWN}.lua\n"
+        f'local root = "/apps/{hostile.IN_A_PATH_SHOWN}\\r"\n\tsetenv("X", "1")\n'
+    )
+    hostile.assert_shown_safely(shown.replace("\t", " "))

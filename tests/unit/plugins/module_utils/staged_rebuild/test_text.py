@@ -10,11 +10,13 @@ import datetime
 import os
 import re
 import shlex
+import subprocess
 
 import pytest
 
 import checkout
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import cli, text
+from tests.support import hostile
 from tests.support.timezone import local_zone
 
 UTC = datetime.timezone.utc
@@ -79,14 +81,61 @@ def test_a_field_too_long_for_its_line_puts_the_value_on_the_next_line_whole():
 
 
 def test_a_long_command_continues_after_a_word_so_that_it_still_pastes():
-    words = "eb-staged-rebuild rebuild " + " ".join(f"--module=Module{index}/1.0" for index in range(12))
+    words = ["eb-staged-rebuild", "rebuild", *(f"--module=Module{index}/1.0" for index in range(12))]
 
     lines = text.command("Undo", words)
 
     assert lines[0] == "Undo:"
     assert all(len(line) <= text.WIDTH for line in lines)
     assert all(line.endswith(" \\") for line in lines[1:-1])
-    assert shlex.split(" ".join(line.rstrip("\\") for line in lines[1:])) == words.split()
+    assert shlex.split(" ".join(line.rstrip("\\") for line in lines[1:])) == words
+
+
+def _pasted(lines) -> str:
+    """What a shell reads from a command's lines pasted: each `` \\`` at a line's end and the
+    newline after it continue the line."""
+    return "\n".join(lines).replace("\\\n", "")
+
+
+# Arguments as a rebuild records them: blanks and tabs inside them, quotes of both kinds,
+# each long enough that the command wraps.
+ARGUMENTS = [
+    "--installpath=/apps/site software/2024 stack",
+    "--module=TinyApp/1.0",
+    "--",
+    "TinyApp-1.0.eb",
+    "--try-amend=description=a description with  two blanks,\ta tab and 'single' and \"double\" quotes",
+    "--hooks=/site/hooks dir/it's here.py",
+    "\t",
+    "ends with a blank ",
+    "  starts with two",
+]
+
+
+def test_an_undo_command_wraps_only_between_arguments_and_reads_back_as_the_recorded_ones():
+    context = text.Context(state_root="/apps/.staged", now=datetime.datetime.now(UTC))
+
+    lines = text.command("Undo (build and publish again)", context.suggest("rebuild", *ARGUMENTS))
+
+    assert len(lines) > 2
+    assert all(line.endswith(" \\") for line in lines[1:-1])
+    assert shlex.split(_pasted(lines[1:])) == ["eb-staged-rebuild", "rebuild", *ARGUMENTS]
+
+
+def test_an_undo_command_with_control_characters_pastes_into_bash_as_the_recorded_arguments(en_us_utf8):
+    arguments = [*ARGUMENTS, "\x1b]52;c;aGk=\x07", "line\nbreak\r", os.fsdecode(b"not utf-8 \xff")]
+    context = text.Context(
+        state_root="/apps/.staged", now=datetime.datetime.now(UTC), command=("printf", "%s\\0")
+    )
+
+    lines = text.command("Undo", context.suggest(*arguments))
+    done = subprocess.run(
+        ["bash", "-c", _pasted(lines[1:])], env=en_us_utf8.env(), capture_output=True, check=False
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split(b"\0")[:-1] == [os.fsencode(argument) for argument in arguments]
+    assert not {"\x1b", "\x07", "\r", "\x00"} & set("".join(lines))
 
 
 HEADER = ("RUN", "KIND", "STATE", "CREATED", "MODULES")
@@ -191,3 +240,72 @@ def test_the_docs_show_each_example(command):
 
     for line in cli.EXAMPLES[command]:
         assert line in docs, line
+
+
+# Every field of the results that the text words without a journal, each holding the
+# sequences: the output holds no control character and encodes in UTF-8.
+H = hostile.SEQUENCES
+
+
+def _count_shown(output) -> int:
+    """How often the sequences are shown escaped in ``output``, wrapped lines joined."""
+    return " ".join(output.split()).count(" ".join(hostile.SHOWN.split()))
+
+
+def _context():
+    return text.Context(state_root=f"/apps/{H}", now=datetime.datetime.now(UTC))
+
+
+def test_gc_s_text_shows_every_field_of_its_report_escaped():
+    entry = {"path": f"/apps/software/A/.1.0.{H}", "run_id": "r1", "why": f"in use by 1 process ({H})"}
+    report = {
+        "dry_run": False,
+        "removed": [{"path": f"/apps/software/B/{H}", "run_id": "r2"}],
+        "kept": [entry],
+        "manual": [dict(entry, why=H)],
+        "interrupted": [{"run_id": "r3", "state": "publishing", "why": H}],
+        "incomplete": [{"path": f"/apps/.staged/runs/{H}", "run_id": "r4", "why": H}],
+        "grace_hours": 144.0,
+        "processes": {"scanned": 3, "unreadable": 0, "seen": H},
+        "slurm": {"answered": False, "why": f"squeue exited 1: {H}"},
+        "fleet": {"unanswered": [H]},
+    }
+
+    shown = text.collected(report, _context())
+
+    hostile.assert_shown_safely(shown)
+    assert _count_shown(shown) == 11
+
+
+def test_probe_resume_and_a_dry_run_show_every_field_escaped():
+    probed = {
+        "path": H,
+        "filesystem": H,
+        "exchange": False,
+        "exchange_errno": H,
+        "publish_method": H,
+        "bwrap": True,
+        "userns": True,
+        "max_user_namespaces": 10,
+        "auto_backend": H,
+        "easybuild_version": H,
+        "recommendations": [H],
+    }
+    waiting = {"runs": [{"run_id": "r1", "state": H, "changed": False, "actions": [H]}]}
+    dry = {
+        "dry_run": True,
+        "modules": [H],
+        "backend": H,
+        "generation": H,
+        "command": ["eb", H],
+        "removed_options": [H],
+        "removed_environment": [H],
+    }
+
+    shown = [text.probed(probed, _context()), text.resume(waiting, _context()), text.rebuild(dry, _context())]
+
+    for output in shown:
+        hostile.assert_shown_safely(output)
+    assert _count_shown(shown[0]) == 7
+    assert _count_shown(shown[1]) == 2
+    assert f"  $'{hostile.SHOWN}'\n" in shown[2]  # EasyBuild's command: a word bash reads back
