@@ -241,9 +241,12 @@ def test_the_verbose_detail_shows_a_hostile_prefix_escaped_on_its_one_line():
     status, stdout, stderr = _main([], env)
 
     assert (status, stdout) == (0, FAILED_EXPORT)
-    assert stderr == (
-        f"eessi-arch-guard: no eessi_archdetect.sh in /nonexistent/{hostile.SHOWN}/init/eessi_archdetect.sh\n"
-    ).encode()
+    assert (
+        stderr
+        == (
+            f"eessi-arch-guard: no eessi_archdetect.sh in /nonexistent/{hostile.SHOWN}/init/eessi_archdetect.sh\n"
+        ).encode()
+    )
 
 
 class HostileEnviron(dict):
