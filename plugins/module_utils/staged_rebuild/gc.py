@@ -141,14 +141,6 @@ def _kept_elsewhere(path, run_id, fleet) -> Optional[Dict[str, Any]]:
             "why": f"no answer from {', '.join(fleet.unanswered)}: every tree is kept",
             "unanswered": list(fleet.unanswered),
         }
-    not_asked = fleet.not_asked(path)
-    if not_asked:
-        return {
-            "path": path,
-            "run_id": run_id,
-            "why": f"not asked of {', '.join(not_asked)} (their scans ran before it was a candidate)",
-            "not_asked": not_asked,
-        }
     if not is_unicode(path):
         # The other hosts are asked through Ansible, whose strings are Unicode: such a path
         # reaches them escaped (``unicode_result``), names nothing there, and so proves nothing.
@@ -156,6 +148,14 @@ def _kept_elsewhere(path, run_id, fleet) -> Optional[Dict[str, Any]]:
             "path": path,
             "run_id": run_id,
             "why": "its path is not UTF-8, so the other hosts cannot be asked about it: it is kept",
+        }
+    not_asked = fleet.not_asked(path)
+    if not_asked:
+        return {
+            "path": path,
+            "run_id": run_id,
+            "why": f"not asked of {', '.join(not_asked)} (their scans ran before it was a candidate)",
+            "not_asked": not_asked,
         }
     found = fleet.users.get(path)
     if not found:
