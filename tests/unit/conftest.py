@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 import checkout
+from tests.support.deep import deep_scratch
 from tests.support.users import unprivileged_user
 
-__all__ = ["package_dir", "unprivileged_user"]
+__all__ = ["deep_scratch", "package_dir", "unprivileged_user"]
 
 
 @pytest.fixture(scope="session")

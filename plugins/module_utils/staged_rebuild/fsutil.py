@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import errno
+import functools
 import hashlib
 import os
 import platform
+import resource
 import stat
-from typing import IO, Any, Callable, Iterator, List, Optional, Tuple
+from typing import IO, Any, Callable, Iterator, List, Optional, Tuple, cast
 
 from ..common import errors
 
@@ -457,22 +460,182 @@ def remove_tree_at(parent_fd: int, name: str, where: str) -> None:
     emptied through its own descriptor, so no name is resolved again after a check: a link
     swapped in anywhere makes the removal fail and never reaches another tree. A sealed
     directory (no owner write, ``--read-only-installdir``) gets its write bit back first.
+
+    The walk keeps its own stack instead of recursing (``_Removal``), so a chain thousands of
+    directories deep is removed like any other tree, within a few descriptors.
     """
-    fd = open_dir_at(parent_fd, name, where)
+    removal = _Removal(parent_fd, name, where)
     try:
-        mode = stat.S_IMODE(os.fstat(fd).st_mode)
-        if mode & (stat.S_IWUSR | stat.S_IXUSR) != stat.S_IWUSR | stat.S_IXUSR:
-            os.fchmod(fd, mode | stat.S_IWUSR | stat.S_IXUSR)
-        with os.scandir(fd) as entries:
-            children = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
-        for child, is_dir in children:
-            if is_dir:
-                remove_tree_at(fd, child, os.path.join(where, child))
-            else:
-                os.unlink(child, dir_fd=fd)
+        removal.run()
     finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=parent_fd)
+        removal.close()
+
+
+# The most directories below its top that a removal keeps open (``_descriptor_budget``).
+_MOST_HELD = 64
+
+
+def _descriptor_budget() -> int:
+    """How many directories below its top a removal keeps open at most: a sixteenth of the
+    soft ``RLIMIT_NOFILE`` (64 of the usual 1,024), and at least 2, so that a deep tree
+    never takes the descriptors the rest of the process needs."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return _MOST_HELD
+    return max(2, min(_MOST_HELD, soft // 16))
+
+
+def _identity(fd: int) -> Tuple[int, int]:
+    info = os.fstat(fd)
+    return info.st_dev, info.st_ino
+
+
+@dataclasses.dataclass
+class _Level:
+    """A directory on the way down a removal: its name in the one above, its identity, its
+    descriptor while it is held (None once let go), and its subdirectories still to remove."""
+
+    name: str
+    identity: Tuple[int, int]
+    fd: Optional[int]
+    pending: List[str]
+
+
+class _Removal:
+    """``remove_tree_at``'s walk, without recursion: the directories from the top down to the
+    one being emptied, each a ``_Level``.
+
+    The top and the deepest ``budget`` levels keep their descriptors; a level above those is
+    let go and opened again, when the walk climbs back to it, as ``..`` of the level below.
+    That ``..`` is whatever directory holds the level below now: another user who can write
+    a directory of the tree may have moved it meanwhile (into a world-writable directory
+    elsewhere, say), so ``..`` is taken only when its device and inode are the ones recorded
+    on the way down. Otherwise the level is opened again from the top by its recorded names,
+    each checked the same way, and a name that no longer leads to the recorded directory
+    stops the removal. So nothing is ever unlinked or entered in a directory that was not
+    inside the tree when the walk reached it.
+
+    An entry below the top that is gone when the walk comes to it (moved or removed by
+    whoever can write the directory that held it) is no longer in the tree, and is passed
+    over, as ``rm -rf`` does; a subdirectory moved out while the walk was in it is emptied,
+    and its name, gone from the tree, is not removed.
+    """
+
+    def __init__(self, parent_fd: int, name: str, where: str) -> None:
+        self.parent_fd = parent_fd
+        self.where = where
+        self.budget = _descriptor_budget()
+        self.levels: List[_Level] = []
+        # levels[0] and levels[self.held_from:] hold their descriptors.
+        self.held_from = 1
+        fd = open_dir_at(parent_fd, name, where)
+        self._enter(fd, name, lambda: where)
+
+    def _path(self, depth: int, *below: str) -> str:
+        """The path of ``levels[depth]`` (and ``below`` it), for a message: built only when
+        one is needed."""
+        return os.path.join(self.where, *(level.name for level in self.levels[1 : depth + 1]), *below)
+
+    def _descend(self, name: str) -> None:
+        """Into the subdirectory ``name`` of the deepest level, unless it is gone."""
+        depth = len(self.levels) - 1
+        parent_fd = cast(int, self.levels[depth].fd)
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        except FileNotFoundError:
+            return
+        except OSError:
+            fd = open_dir_at(parent_fd, name, self._path(depth, name))  # its refusal, in one line
+        self._enter(fd, name, functools.partial(self._path, depth, name))
+
+    def _enter(self, fd: int, name: str, where: Callable[[], str]) -> None:
+        """The directory ``name``, open as ``fd``, becomes the deepest level: a sealed one gets
+        its owner's write bit back, what is not a directory in it is unlinked, the rest noted."""
+        try:
+            info = os.fstat(fd)
+            mode = stat.S_IMODE(info.st_mode)
+            if mode & (stat.S_IWUSR | stat.S_IXUSR) != stat.S_IWUSR | stat.S_IXUSR:
+                os.fchmod(fd, mode | stat.S_IWUSR | stat.S_IXUSR)
+            pending = []
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        pending.append(entry.name)
+                        continue
+                    try:
+                        os.unlink(entry.name, dir_fd=fd)
+                    except FileNotFoundError:
+                        pass
+                    except OSError as err:
+                        raise OSError(err.errno, err.strerror, os.path.join(where(), entry.name)) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        self.levels.append(_Level(name, (info.st_dev, info.st_ino), fd, pending))
+        if len(self.levels) - self.held_from > self.budget:
+            let_go = self.levels[self.held_from]
+            os.close(cast(int, let_go.fd))
+            let_go.fd = None
+            self.held_from += 1
+
+    def _reopen(self, depth: int, below_fd: int) -> int:
+        """A descriptor of ``levels[depth]`` again: ``..`` of the level below while that is
+        still where it was, else from the top by the recorded names."""
+        try:
+            fd = os.open("..", _DIR_FLAGS, dir_fd=below_fd)
+        except OSError:
+            pass  # moved where this user cannot climb back: from the top, by name
+        else:
+            if _identity(fd) == self.levels[depth].identity:
+                return fd
+            os.close(fd)
+        fd = os.dup(cast(int, self.levels[0].fd))
+        for step in range(1, depth + 1):
+            try:
+                child = open_dir_at(fd, self.levels[step].name, self._path(step))
+            finally:
+                os.close(fd)
+            fd = child
+            if _identity(fd) != self.levels[step].identity:
+                os.close(fd)
+                raise errors.UsageError(
+                    f"{self._path(step)} was replaced while its tree was being removed; the removal stopped"
+                )
+        return fd
+
+    def run(self) -> None:
+        levels = self.levels
+        while levels:
+            deepest = levels[-1]
+            if deepest.pending:
+                self._descend(deepest.pending.pop())
+                continue
+            # ``deepest`` is empty: climb to the level above, then remove it there.
+            levels.pop()
+            emptied_fd = cast(int, deepest.fd)
+            deepest.fd = None
+            try:
+                above = levels[-1] if levels else None
+                if above is not None and above.fd is None:
+                    above.fd = self._reopen(len(levels) - 1, emptied_fd)
+                    self.held_from = len(levels) - 1
+            finally:
+                os.close(emptied_fd)
+            if above is None:
+                os.rmdir(deepest.name, dir_fd=self.parent_fd)
+                return
+            try:
+                os.rmdir(deepest.name, dir_fd=cast(int, above.fd))
+            except FileNotFoundError:
+                pass  # moved out of the tree meanwhile
+            except OSError as err:
+                raise OSError(err.errno, err.strerror, self._path(len(levels) - 1, deepest.name)) from None
+
+    def close(self) -> None:
+        for level in self.levels:
+            if level.fd is not None:
+                os.close(level.fd)
+                level.fd = None
 
 
 def rename(source, destination, root) -> None:
