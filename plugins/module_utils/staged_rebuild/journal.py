@@ -53,11 +53,12 @@ import json
 import os
 import signal
 import stat
-from typing import Any, ContextManager, Dict, Iterator, List, Optional
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Tuple
 
 from ..common import errors
 from ..common.errors import setting
 from . import fsutil, paths, records
+from .backends import BACKENDS
 from .faults import Faults
 from .records import AbsPath, Sha256, Timestamp
 from .request import RebuildRequest
@@ -338,20 +339,32 @@ class Run:
             paths.check_run_id(self.run_id)
         except errors.UsageError as err:
             raise records.RecordError(f"run_id: {err}") from None
-        needed = _PUBLISH_FIELDS if self.kind is RunKind.PUBLISH else _RETIRE_FIELDS
-        for name in needed:
+        for name in _PUBLISH_FIELDS if self.kind is RunKind.PUBLISH else _RETIRE_FIELDS:
             if getattr(self, name) is None:
                 raise records.RecordError(f"{name} is missing (a {self.kind.value} run has it)")
-        if self.state not in _STATES_OF[self.kind]:
+        invariant = STATE_INVARIANTS.get((self.kind, self.state))
+        if invariant is None:
             raise records.RecordError(f"state {self.state.value!r} is not a state of a {self.kind.value} run")
+        self._check_backends()
         for index, entry in enumerate(self.modules):
             entry.check(f"modules[{index}]")
+        invariant.check(self)
         modules = {entry.module for entry in self.modules}
         for index, step in enumerate(self.steps):
             if step.step.module is not None and step.step.module not in modules:
                 raise records.RecordError(
                     f"steps[{index}] acts on {step.step.module}, which the run does not have"
                 )
+
+    def _check_backends(self) -> None:
+        """The backend a run built with is one that exists (a name shown and, in the request,
+        chosen again by resume): a closed set, so no text but these names reaches the output."""
+        if self.backend is not None and self.backend not in BUILT_WITH:
+            raise records.RecordError(f"backend {self.backend!r} is not one of {', '.join(BUILT_WITH)}")
+        if self.request is not None and self.request.backend not in BACKENDS:
+            raise records.RecordError(
+                f"request.backend {self.request.backend!r} is not one of {', '.join(BACKENDS)}"
+            )
 
     def check_paths(self, state_root: str) -> None:
         """Refuse a run whose paths are not where this state root's runs put them.
@@ -375,8 +388,15 @@ class Run:
                 f"trees ({self.trees.software}, {self.trees.modules}) are not the request's "
                 f"({self.request.software}, {self.request.modules})"
             )
+        planned = "module_backup" in STATE_INVARIANTS[(self.kind, self.state)].entry_fields
         for index, entry in enumerate(self.modules):
             entry.check_paths(f"modules[{index}]", self.trees, self.run_id, run_dir, state_root)
+            backup = os.path.join(run_dir, entry.module_backup_name())
+            # Both fields null says "no module file before"; the backup planning wrote says otherwise.
+            if planned and entry.module_backup is None and os.path.lexists(backup):
+                raise records.RecordError(
+                    f"modules[{index}].module_backup is missing, but the run's backup {backup} exists"
+                )
         for index, step in enumerate(self.steps):
             if step.step.module_class is not None:
                 _require_class(f"steps[{index}]", step.step.module_class)
@@ -450,13 +470,77 @@ def _require_class(where: str, module_class: str) -> None:
         )
 
 
+# What every run of a kind has, in every state: written when the run is created.
 _PUBLISH_FIELDS = ("trees", "request", "backend")
-_STATES_OF = {
-    RunKind.PUBLISH: INTERRUPTED - {RunState.RETIRING}
-    | {RunState.PUBLISHED, RunState.FAILED, RunState.ROLLED_BACK},
-    RunKind.RETIRE: {RunState.RETIRING, RunState.RETIRED, RunState.ROLLED_BACK},
-}
 _RETIRE_FIELDS = ("module_file", "retired_to", "module_sha256", "software_dir", "reason", "retired_at")
+# The backends a run is built with (``backends.select``'s answers; the request may say auto).
+BUILT_WITH = tuple(name for name in BACKENDS if name != "auto")
+
+
+@dataclasses.dataclass(frozen=True)
+class Invariant:
+    """What a run in one state always has, beyond its kind's fields: at least ``modules``
+    module entries, and in each entry the ``entry_fields`` (each but where ``EXCEPT_WHEN``
+    says it may be null). ``check`` refuses a run that lacks one, naming the field."""
+
+    modules: int = 0
+    entry_fields: Tuple[str, ...] = ()
+
+    def check(self, run: Run) -> None:
+        state = f"a {run.kind.value} run in state {run.state.value}"
+        if len(run.modules) < self.modules:
+            raise records.RecordError(f"modules is empty ({state} has at least one module)")
+        for index, entry in enumerate(run.modules):
+            for name in self.entry_fields:
+                if getattr(entry, name) is not None:
+                    continue
+                excuse, excused = EXCEPT_WHEN.get(name, ("", None))
+                if excused is not None and excused(run, entry):
+                    continue
+                unless = f" unless {excuse}" if excuse else ""
+                raise records.RecordError(f"modules[{index}].{name} is missing ({state} has it{unless})")
+
+
+# The fields planning writes into each module entry before any swap (``planner.plan``): the
+# prepared module file and its hash, the old module file's backup and hash, and the inodes of
+# the stage and of the live tree, by which resume, rollback and gc tell the trees apart.
+PLANNED = (
+    "live_record",
+    "prepared_module",
+    "new_module_sha256",
+    "module_backup",
+    "old_module_sha256",
+    "stage_ino",
+    "live_ino",
+)
+# When an entry may lack one of those fields, and the words that say so.
+EXCEPT_WHEN: Dict[str, Tuple[str, Callable[[Run, ModuleEntry], bool]]] = {
+    "live_record": (
+        "its request skipped the live-change check",
+        lambda run, entry: bool(run.request and run.request.skip_live_check),
+    ),
+    # Both null: there was no module file before the run.
+    "module_backup": ("old_module_sha256 is null too", lambda run, entry: entry.old_module_sha256 is None),
+    "old_module_sha256": ("module_backup is null too", lambda run, entry: entry.module_backup is None),
+}
+_PUBLISHED = Invariant(modules=1, entry_fields=PLANNED)
+# Each state a run of each kind can be in, and what it always has there. A state missing
+# from the table is no state of that kind.
+STATE_INVARIANTS: Dict[Tuple[RunKind, RunState], Invariant] = {
+    # Created without modules; its entries saved with their live-change records in one write.
+    (RunKind.PUBLISH, RunState.BUILDING): Invariant(entry_fields=("live_record",)),
+    # Planning fills each entry in turn: a crash leaves some entries planned, some not.
+    (RunKind.PUBLISH, RunState.PLANNING): Invariant(modules=1, entry_fields=("live_record",)),
+    (RunKind.PUBLISH, RunState.PUBLISHING): _PUBLISHED,
+    (RunKind.PUBLISH, RunState.PUBLISHED): _PUBLISHED,
+    (RunKind.PUBLISH, RunState.ROLLING_BACK): _PUBLISHED,
+    (RunKind.PUBLISH, RunState.ROLLED_BACK): _PUBLISHED,
+    # Refused or reversed wherever it was: building, planning or publishing.
+    (RunKind.PUBLISH, RunState.FAILED): Invariant(),
+    (RunKind.RETIRE, RunState.RETIRING): Invariant(),
+    (RunKind.RETIRE, RunState.RETIRED): Invariant(),
+    (RunKind.RETIRE, RunState.ROLLED_BACK): Invariant(),
+}
 
 
 def _schema_problem(schema: Any) -> str:
