@@ -2,10 +2,10 @@
 discards its stage, and resume rebuilds a run whose stage holds one.
 
 A chain that deep is what a build (or a user who can write into an install) can leave in a
-tree; the removal walks it with its own stack and a few descriptors (``fsutil._Removal``),
-where it once recursed once per level and died with ``RecursionError``, every time: gc could
-never collect the tree, and a failed rebuild stayed ``building`` with resume dying the same
-way. The real command runs each case; the site lives in a scratch directory that ``rm -rf``
+tree; the removal walks it with its own stack and a few descriptors (``common/dirfd.py``'s
+``_Removal``), where it once recursed once per level and died with ``RecursionError``, every
+time: gc could never collect the tree, and a failed rebuild stayed ``building`` with resume
+dying the same way. The real command runs each case; the site lives in a scratch directory that ``rm -rf``
 removes whatever the test left (``deep_scratch``).
 """
 

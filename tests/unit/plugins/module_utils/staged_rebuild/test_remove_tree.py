@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
+from ansible_collections.hpcstack.ops.plugins.module_utils.common import dirfd, errors
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import fsutil
 from tests.support.deep import nest
 from tests.support.staged import snapshot
@@ -256,12 +256,12 @@ def test_the_descriptor_budget_is_a_sixteenth_of_the_limit_between_2_and_64(monk
     limits = {1024: 64, 65536: 64, 512: 32, 32: 2, 8: 2}
     found = {}
     for soft, _budget in limits.items():
-        monkeypatch.setattr(fsutil.resource, "getrlimit", lambda which, soft=soft: (soft, soft))
-        found[soft] = fsutil._descriptor_budget()
-    monkeypatch.setattr(fsutil.resource, "getrlimit", lambda which: (fsutil.resource.RLIM_INFINITY,) * 2)
+        monkeypatch.setattr(dirfd.resource, "getrlimit", lambda which, soft=soft: (soft, soft))
+        found[soft] = dirfd._descriptor_budget()
+    monkeypatch.setattr(dirfd.resource, "getrlimit", lambda which: (dirfd.resource.RLIM_INFINITY,) * 2)
 
     assert found == limits
-    assert fsutil._descriptor_budget() == 64
+    assert dirfd._descriptor_budget() == 64
 
 
 class _MoveDuringRemoval:
@@ -271,7 +271,7 @@ class _MoveDuringRemoval:
     it for real, at random moments."""
 
     def __init__(self, monkeypatch, depth, move):
-        real_enter = fsutil._Removal._enter
+        real_enter = dirfd._Removal._enter
         self.moved = False
 
         def enter(removal, parent_fd, name, where):
@@ -280,9 +280,9 @@ class _MoveDuringRemoval:
                 self.moved = True
                 move(removal)
 
-        monkeypatch.setattr(fsutil._Removal, "_enter", enter)
+        monkeypatch.setattr(dirfd._Removal, "_enter", enter)
         # Two levels held below the top: the levels above the deepest two are let go.
-        monkeypatch.setattr(fsutil, "_descriptor_budget", lambda: 2)
+        monkeypatch.setattr(dirfd, "_descriptor_budget", lambda: 2)
 
 
 def _chain_path(top, depth):
