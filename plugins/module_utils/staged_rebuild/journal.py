@@ -817,51 +817,101 @@ def _exists_already(run_id: str, run_dir: str) -> errors.UsageError:
     return errors.UsageError(f"run {run_id} exists already ({run_dir}); pick another {setting('run_id')}")
 
 
-def _run_dirs(state_root: str) -> List[str]:
-    """The run directories under ``state_root/runs``: real directories with a plain name.
+def _runs_entries(state_root: str) -> Tuple[List[str], List[Dict[str, Any]]]:
+    """What ``state_root/runs`` holds: the run directories (real directories named as a run
+    id), and every other entry with what it is and what to do about it (``unlisted``).
 
-    Hidden entries are left out: ``.creating-*`` is a run being created (or what a crash
-    left of one, which never became a run).
+    Nothing is followed or skipped without a word: a partial list never hides a run. A link
+    named as a run is no run directory (a journal is never read through one), a
+    ``.creating-*`` directory is a creation that was interrupted (or is under way), and
+    anything else is nothing this tool wrote; each is listed beside the runs.
     """
     runs_dir = os.path.join(state_root, "runs")
     try:
         names = sorted(os.listdir(runs_dir))
     except FileNotFoundError:
-        return []
-    found = []
+        return [], []
+    found: List[str] = []
+    others: List[Dict[str, Any]] = []
     for name in names:
-        run_dir = os.path.join(runs_dir, name)
-        if name.startswith(".") or not os.path.isdir(run_dir) or os.path.islink(run_dir):
-            continue
-        found.append(run_dir)
-    return found
+        path = os.path.join(runs_dir, name)
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue  # removed since it was listed: a run being created is renamed, not removed
+        is_run_id = paths.RUN_ID.match(name) is not None
+        if is_run_id and stat.S_ISDIR(mode):
+            found.append(path)
+        elif name.startswith(CREATING) and stat.S_ISDIR(mode):
+            others.append(_unlisted(path, None, "leftover", _LEFTOVER))
+        else:
+            others.append(
+                _unlisted(path, name if is_run_id else None, "unreadable", _not_a_run(mode, is_run_id))
+            )
+    return found, others
+
+
+def _run_dirs(state_root: str) -> List[str]:
+    return _runs_entries(state_root)[0]
+
+
+def _unlisted(path: str, run_id: Optional[str], kind: str, why: str) -> Dict[str, Any]:
+    return {"path": path, "run_id": run_id, "kind": kind, "why": why}
 
 
 _NO_JOURNAL = (
     "a run directory without a journal (left by a crash or a full disk while an earlier release created it)"
 )
+_LEFTOVER = (
+    "what a run's creation left when it was interrupted (its journal is written there, then the "
+    "directory renamed to the run id): it never became a run and nothing of it was built or "
+    "published; once no rebuild or retire is running, remove it by hand"
+)
 
 
-def incomplete(state_root: str) -> List[Dict[str, str]]:
-    """Run directories without a journal, each with why: reported by status and gc, never loaded.
+def _not_a_run(mode: int, is_run_id: bool) -> str:
+    """Why an entry of ``runs/`` that is neither a run directory nor a creation's leftover is
+    not read, and what to do."""
+    if stat.S_ISLNK(mode):
+        return (
+            "a symbolic link where a run directory should be: a journal is never read through a "
+            "link, so no run of it is listed or resumed; see where it points (a run moved away "
+            "goes back as a directory of its own), then remove the link by hand"
+        )
+    if not stat.S_ISDIR(mode):
+        return "not a directory, so no run: nothing of this tool writes one there; remove it by hand"
+    return (
+        "a directory whose name is no run id (letters, digits, '.', '_' and '-', starting "
+        "with a letter or digit), so no run of this tool: remove it by hand"
+    )
 
-    This release creates a run directory together with its journal (``Journal.create``); an
-    earlier one made the directory first, so a crash or ENOSPC between the two left it empty.
-    Nothing in it was ever published: remove it by hand.
+
+def incomplete(state_root: str) -> List[Dict[str, Any]]:
+    """Every entry of ``runs/`` that is not a run with a journal, each with its ``path``, its
+    ``run_id`` (None for a name that is none), its ``kind`` and ``why``: reported by status
+    and gc (a warning each), never loaded, never removed by the tool.
+
+    ``kind`` is ``incomplete`` for a run directory without one (this release creates a run
+    directory together with its journal, ``Journal.create``; an earlier one made the
+    directory first, so a crash or ENOSPC between the two left it empty: nothing in it was
+    published), ``leftover`` for a ``.creating-*`` directory and ``unreadable`` for anything
+    else (a link named as a run, a file); remove each by hand.
     """
-    return [
-        {"path": run_dir, "run_id": os.path.basename(run_dir), "why": _NO_JOURNAL + "; remove it by hand"}
-        for run_dir in _run_dirs(state_root)
+    run_dirs, others = _runs_entries(state_root)
+    journal_less = [
+        _unlisted(run_dir, os.path.basename(run_dir), "incomplete", _NO_JOURNAL + "; remove it by hand")
+        for run_dir in run_dirs
         if not os.path.lexists(os.path.join(run_dir, JOURNAL))
     ]
+    return sorted(journal_less + others, key=lambda entry: entry["path"])
 
 
 def run_journals(state_root: str) -> List[Journal]:
     """Every journal under ``state_root/runs``, oldest run first; one bad journal stops it.
 
-    A partial list would hide the broken run, so a journal that does not load raises. Two
-    things are skipped, not loaded: hidden entries (a run being created) and a run directory
-    without a journal (``incomplete`` reports those).
+    A partial list would hide the broken run, so a journal that does not load raises. What
+    is not a run with a journal is not loaded: ``incomplete`` reports each (a run directory
+    without a journal, a creation's leftover, a link or a file where a run should be).
     """
     journals = [
         Journal.load(os.path.join(run_dir, JOURNAL))
@@ -885,10 +935,17 @@ def find(state_root: str, run_id: str) -> Journal:
     """The journal of ``run_id``; a run id that is not a plain name (``../x``) is refused."""
     paths.check_run_id(run_id)
     path = os.path.join(state_root, "runs", run_id, JOURNAL)
-    if not os.path.lexists(os.path.dirname(path)):
-        raise errors.UsageError("no run {} under {}".format(run_id, os.path.join(state_root, "runs")))
-    if os.path.isdir(os.path.dirname(path)) and not os.path.lexists(path):
-        raise errors.JournalError(f"run {run_id}: {_NO_JOURNAL}; remove {os.path.dirname(path)} by hand")
+    run_dir = os.path.dirname(path)
+    try:
+        mode = os.lstat(run_dir).st_mode
+    except FileNotFoundError:
+        raise errors.UsageError(
+            "no run {} under {}".format(run_id, os.path.join(state_root, "runs"))
+        ) from None
+    if not stat.S_ISDIR(mode):
+        raise errors.JournalError(f"run {run_id}: {run_dir} is {_not_a_run(mode, True)}")
+    if not os.path.lexists(path):
+        raise errors.JournalError(f"run {run_id}: {_NO_JOURNAL}; remove {run_dir} by hand")
     return Journal.load(path)
 
 

@@ -65,8 +65,8 @@ class Style:
 
 
 _GOOD = {RunState.PUBLISHED.value, "removed"}
-_BAD = {RunState.FAILED.value, "interrupted"}
-_PENDING = {state.value for state in journals.INTERRUPTED} | {"manual", "incomplete"}
+_BAD = {RunState.FAILED.value, "interrupted", "unreadable"}
+_PENDING = {state.value for state in journals.INTERRUPTED} | {"manual", "incomplete", "leftover"}
 
 
 @dataclasses.dataclass
@@ -252,7 +252,7 @@ def status(result: Mapping[str, Any], context: Context) -> str:
 def _incomplete(incomplete, style: Style) -> List[str]:
     lines: List[str] = []
     for entry in incomplete:
-        lines += ["", *field(style.state("incomplete"), entry["path"]), *wrap(entry["why"], "  ")]
+        lines += ["", *field(style.state(entry["kind"]), entry["path"]), *wrap(entry["why"], "  ")]
     return lines
 
 

@@ -1442,15 +1442,69 @@ def test_run_journals_skips_a_run_directory_without_a_journal_and_incomplete_nam
     assert "remove it by hand" in found["why"]
 
 
-def test_run_journals_skips_a_hidden_run_being_created_and_incomplete_does_not_list_it(runs, tmp_path):
+def _plant_link(runs, name, tmp_path):
+    """A link named as a run, to a directory holding a journal that would load."""
+    elsewhere = tmp_path / "elsewhere"
+    _create(elsewhere, "forged")
+    (runs / name).symlink_to(elsewhere / "forged")
+
+
+# What else than a run ``runs/`` may hold, how it is made, and what ``incomplete`` says it is:
+# (name, make, run_id, kind, words of its why). A partial list never hides a run: each is listed.
+UNLISTED = [
+    (".creating-abc123", lambda runs, name, tmp: (runs / name).mkdir(), None, "leftover", "interrupted"),
+    (
+        ".creating-def456",
+        lambda runs, name, tmp: _write(runs / name / "journal.json", b"{"),  # half written: never loaded
+        None,
+        "leftover",
+        "remove it by hand",
+    ),
+    ("run2", _plant_link, "run2", "unreadable", "a symbolic link where a run directory should be"),
+    ("run3", lambda runs, name, tmp: (runs / name).symlink_to(tmp / "gone"), "run3", "unreadable", "link"),
+    ("run4", lambda runs, name, tmp: (runs / name).write_text("x"), "run4", "unreadable", "not a directory"),
+    (".hidden", lambda runs, name, tmp: (runs / name).mkdir(), None, "unreadable", "no run id"),
+    (
+        ".creating-x",
+        lambda runs, name, tmp: (runs / name).write_text(""),
+        None,
+        "unreadable",
+        "not a directory",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", UNLISTED, ids=[entry[0] + "-" + entry[3] for entry in UNLISTED])
+def test_what_is_not_a_run_is_never_loaded_and_incomplete_lists_it(runs, tmp_path, case):
+    name, make, run_id, kind, words = case
     _create(runs, "good")
-    (runs / ".creating-abc123").mkdir()
-    _write(runs / ".creating-def456" / "journal.json", b"{")  # half written: never loaded
+    make(runs, name, tmp_path)
 
     journals.check_all(str(tmp_path))
 
     assert [journal.run_id for journal in journals.run_journals(str(tmp_path))] == ["good"]
-    assert journals.incomplete(str(tmp_path)) == []
+    (found,) = journals.incomplete(str(tmp_path))
+    assert (found["path"], found["run_id"], found["kind"]) == (str(runs / name), run_id, kind)
+    assert words in found["why"]
+    assert "by hand" in found["why"]
+
+
+@pytest.mark.parametrize(
+    ("make", "why"),
+    [
+        (_plant_link, "is a symbolic link where a run directory should be"),
+        (lambda runs, name, tmp: (runs / name).write_text("x"), "is not a directory, so no run"),
+    ],
+    ids=["link", "file"],
+)
+def test_find_refuses_a_run_id_that_is_no_run_directory_in_one_line(runs, tmp_path, make, why):
+    make(runs, "run2", tmp_path)
+
+    with pytest.raises(errors.JournalError) as raised:
+        journals.find(str(tmp_path), "run2")
+
+    assert str(raised.value).startswith(f"run run2: {runs / 'run2'} {why}")
+    assert "\n" not in str(raised.value)
 
 
 def test_a_complete_state_root_has_nothing_incomplete(runs, tmp_path):
