@@ -12,12 +12,14 @@ removes whatever the test left (``deep_scratch``).
 from __future__ import annotations
 
 import json
+import resource
+import subprocess
 
 import pytest
 
-from tests.integration.harness.staged_checks import run_tool
+from tests.integration.harness.staged_checks import run_tool, tool_command, tool_env
 from tests.support.deep import depth_of, nest
-from tests.support.staged import StagedSite
+from tests.support.staged import TOOL_TIMEOUT, StagedSite
 
 APP = "TinyApp/1.0"
 DEPTH = 5_000
@@ -55,12 +57,11 @@ def test_gc_removes_a_retired_tree_that_holds_a_chain_5000_directories_deep(site
     assert site.payload(APP) == "new build"
 
 
-def test_a_rebuild_that_fails_with_a_stage_1200_directories_deep_ends_failed_and_discards_it(site):
-    # 1,200: deeper than Python recursed, the depth at which the removal died before.
+def test_a_rebuild_that_fails_with_a_stage_5000_directories_deep_ends_failed_and_discards_it(site):
     done = run_tool(
         site,
         site.rebuild_args(APP, extra=("--run-id", "r1")),
-        env={"FAKE_EB_DEEP": 1_200, "FAKE_EB_FAIL": "1"},
+        env={"FAKE_EB_DEEP": DEPTH, "FAKE_EB_FAIL": "1"},
     )
 
     # The builder's failure, in one line after the unsandboxed backend's notice.
@@ -95,3 +96,45 @@ def test_resume_rebuilds_a_run_stopped_with_a_stage_5000_directories_deep(site):
     assert not _generation(site, "r1").exists()
     assert site.payload(APP) == "new build"
     assert not (site.live(APP) / "deep").exists()
+
+
+# A soft RLIMIT_NOFILE a removal that held a descriptor per level would pass 160 times over;
+# the tool's own start (Python, its modules, the lock) needs a few dozen.
+LOW_NOFILE = 64
+
+
+def _with_low_nofile():
+    resource.setrlimit(resource.RLIMIT_NOFILE, (LOW_NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+
+@pytest.mark.parametrize("command", ["gc", "resume"])
+def test_a_chain_5000_deep_is_removed_under_a_soft_descriptor_limit_of_64(site, command):
+    if command == "gc":
+        published = run_tool(site, site.rebuild_args(APP, extra=("--run-id", "r1")))
+        assert published.returncode == 0, published.stderr
+        removed = site.software / "TinyApp" / ".1.0.r1"
+        nest(removed, DEPTH, files=False)
+        args = ["--json", "gc", "--grace-hours", "0", "--no-squeue"]
+    else:  # a failed build's stage, discarded when resume ends the run
+        crashed = run_tool(
+            site,
+            site.rebuild_args(APP, extra=("--run-id", "r1")),
+            env={"FAKE_EB_DEEP": DEPTH, "EB_STAGED_REBUILD_CRASH_AT": "relocate"},
+        )
+        assert crashed.returncode == -9, crashed.stderr[-3000:]
+        removed = _generation(site, "r1")
+        args = ["--json", "resume"]
+
+    done = subprocess.run(
+        tool_command(site.state_root, *args),
+        env=tool_env(site),
+        preexec_fn=_with_low_nofile,  # setrlimit only, in the child before exec
+        capture_output=True,
+        text=True,
+        timeout=TOOL_TIMEOUT,
+        check=False,
+    )
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not removed.exists()
+    assert site.payload(APP) == "new build"
