@@ -107,14 +107,18 @@ def _files(site) -> dict:
     return found
 
 
-def _refuses(site, run_id, command, why) -> None:
+def _refusal(site, run_id, command):
+    """The real command's one-line refusal, and whether the site was left as it was."""
     before = _files(site)
     args = [arg.format(run=run_id) for arg in COMMANDS[command]]
 
     done = run_tool(site, args)
 
-    assert refusal_line(done) == f"{PREFIX}journal {_journal_path(site, run_id)}: {why}"
-    assert _files(site) == before
+    return refusal_line(done), _files(site) == before
+
+
+def _refused(site, run_id, why) -> tuple:
+    return f"{PREFIX}journal {_journal_path(site, run_id)}: {why}", True
 
 
 def test_every_command_here_reads_the_intact_site(site):
@@ -139,12 +143,8 @@ def test_a_published_run_that_lost_what_publishing_wrote_is_refused_naming_the_f
         "old_module_sha256": " unless module_backup is null too",
     }.get(field, "")
 
-    _refuses(
-        site,
-        "r1",
-        command,
-        f"modules[0].{field} is missing (a publish run in state published has it{unless})",
-    )
+    why = f"modules[0].{field} is missing (a publish run in state published has it{unless})"
+    assert _refusal(site, "r1", command) == _refused(site, "r1", why)
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
@@ -156,9 +156,8 @@ def test_a_published_run_whose_backup_pair_is_both_gone_while_the_backup_is_ther
     backup = site.state_root / "runs" / "r1" / "backup" / "TinyApp" / "1.0.lua"
     assert backup.is_file()
 
-    _refuses(
-        site, "r1", command, f"modules[0].module_backup is missing, but the run's backup {backup} exists"
-    )
+    why = f"modules[0].module_backup is missing, but the run's backup {backup} exists"
+    assert _refusal(site, "r1", command) == _refused(site, "r1", why)
 
 
 def _set(field, value):
@@ -221,4 +220,4 @@ def test_a_value_no_command_can_use_is_refused_naming_the_field(site, case, comm
     run_id = _run_id(site, run)
     _edit(site, run_id, _set(field, value))
 
-    _refuses(site, run_id, command, why)
+    assert _refusal(site, run_id, command) == _refused(site, run_id, why)
