@@ -153,15 +153,19 @@ interrupted:
       why: "interrupted: 'eb-staged-rebuild resume'"
 incomplete:
   description:
-    - Run directories without a journal (left by a crash or a full disk while an earlier
-      release created the run); gc never loads them and never removes them. Each also becomes a
-      warning; remove them by hand.
+    - What O(state_root)'s C(runs/) holds that is not a run with a journal, each with C(path),
+      C(run_id) (null for a name that is no run id), C(kind) and C(why) - C(incomplete), a run
+      directory without a journal (left by a crash or a full disk while an earlier release
+      created the run); C(leftover), a C(.creating-*) directory an interrupted creation left;
+      C(unreadable), a symbolic link or a file where a run directory should be. gc never loads
+      them and never removes them. Each also becomes a warning; remove them by hand.
   returned: success
   type: list
   elements: dict
   sample:
     - path: /var/lib/eb-staged-rebuild/runs/20261201T053043Z-89e721
       run_id: 20261201T053043Z-89e721
+      kind: incomplete
       why: "a run directory without a journal (...); remove it by hand"
 processes:
   description:

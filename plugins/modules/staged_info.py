@@ -79,12 +79,19 @@ runs:
   sample: [{"run_id": "20261201T053043Z-89e721", "kind": "publish", "schema": 2, "state": "published"}]
 incomplete:
   description:
-    - Run directories without a journal (left by a crash or a full disk while an earlier release
-      created the run), each with C(path), C(run_id) and C(why); they are skipped, not loaded.
+    - What C(runs/) holds that is not a run with a journal, each with C(path), C(run_id) (null
+      for a name that is no run id), C(kind) and C(why) - C(incomplete), a run directory without
+      a journal (left by a crash or a full disk while an earlier release created the run);
+      C(leftover), a C(.creating-*) directory an interrupted creation left; C(unreadable), a
+      symbolic link or a file where a run directory should be. None is loaded; remove them by hand.
   returned: when O(run_id) is not given
   type: list
   elements: dict
-  sample: [{"path": "/state/runs/20261201T053043Z-89e721", "run_id": "20261201T053043Z-89e721", "why": "..."}]
+  sample:
+    - path: /state/runs/20261201T053043Z-89e721
+      run_id: 20261201T053043Z-89e721
+      kind: incomplete
+      why: "..."
 run:
   description: The run O(run_id) in detail, as in RV(runs), with its C(steps) and the path of its C(journal).
   returned: when O(run_id) is given

@@ -17,6 +17,8 @@ Switches, from the environment (eb-staged-rebuild passes its environment on):
   FAKE_EB_GATE=DIR              before building, create DIR/started and wait until DIR/go exists
   FAKE_EB_ARGS_LOG=PATH         append the argument list, one JSON line per call
   FAKE_EB_HELP_HEX=HEX          bytes (hex) put into each module file's help text, as they are
+  FAKE_EB_DEEP=N                also leave a chain of N nested directories (deep/d/d/...) in
+                                each install, before FAKE_EB_FAIL fails it
 """
 
 import json
@@ -42,6 +44,19 @@ def parse(argv):
             positional.append(arg)
         index += 1
     return options, positional
+
+
+def nest(install, levels):
+    """``install/deep/d/d/...``, ``levels`` deep, made through directory descriptors: a path that
+    long is more than the kernel resolves (PATH_MAX) once it passes about 2,000 levels."""
+    fd = os.open(install, os.O_RDONLY | os.O_DIRECTORY)
+    name = "deep"
+    for _level in range(levels):
+        os.mkdir(name, dir_fd=fd)
+        child = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd, name = child, "d"
+    os.close(fd)
 
 
 def main(argv):
@@ -77,6 +92,8 @@ def main(argv):
         install = os.path.join(software, name, version)
         print(f"== building and installing {name}/{version}...", flush=True)
         os.makedirs(os.path.join(install, "easybuild"), exist_ok=True)
+        if os.environ.get("FAKE_EB_DEEP"):
+            nest(install, int(os.environ["FAKE_EB_DEEP"]))
         if os.environ.get("FAKE_EB_FAIL"):
             sys.stderr.write(f"fake-eb: build of {name}/{version} failed (FAKE_EB_FAIL)\n")
             return 1

@@ -12,6 +12,7 @@ from tests.integration.harness.guard_slurm import slurm_guard
 from tests.integration.harness.mounts import fuse_dir
 from tests.integration.harness.slurm import private_data_jobs, slurm_cluster, slurm_partitions
 from tests.integration.harness.stack import easybuild, lmod, tiny_packages
+from tests.support.deep import deep_scratch
 from tests.support.locales import en_us_utf8
 from tests.support.staged import package_root, staged_site
 from tests.support.users import attacker_user, unprivileged_user, user_tmp_path
@@ -20,6 +21,7 @@ __all__ = [
     "attacker_user",
     "cephfs",
     "cluster",
+    "deep_scratch",
     "easybuild",
     "eb_site_factory",
     "eessi_prefix",

@@ -185,25 +185,27 @@ def leftover(request, site):
     return request.param, path
 
 
-def test_status_lists_a_journal_less_run_as_incomplete_and_skips_a_hidden_one(site, leftover):
+def test_status_lists_a_journal_less_run_and_a_creation_s_leftover_beside_the_runs(site, leftover):
     kind, path = leftover
 
     done = run_tool(site, ["--json", "status"])
 
     result = _json(done)
     assert [run["run_id"] for run in result["runs"]] == ["first"]
+    assert done.returncode == 1, "a leftover is a warning"
+    (entry,) = result["incomplete"]
+    assert entry["path"] == str(path)
     if kind == "journal-less-run-dir":
-        assert done.returncode == 1, "a leftover is a warning"
-        (entry,) = result["incomplete"]
-        assert entry["path"] == str(path)
+        assert entry["kind"] == "incomplete"
         assert "without a journal" in entry["why"]
     else:
-        assert done.returncode == 0, done.stderr
-        assert result["incomplete"] == []
+        assert (entry["kind"], entry["run_id"]) == ("leftover", None)
+        assert "creation" in entry["why"]
+    assert "remove it by hand" in entry["why"]
 
 
 def test_resume_gc_and_rebuild_work_beside_a_leftover(site, leftover):
-    kind, path = leftover
+    _kind, path = leftover
 
     resumed = run_tool(site, ["--json", "resume"])
     assert resumed.returncode == 0, resumed.stderr
@@ -211,9 +213,7 @@ def test_resume_gc_and_rebuild_work_beside_a_leftover(site, leftover):
 
     collected = run_tool(site, ["--json", "gc"])
     report = _json(collected)
-    assert [entry["path"] for entry in report["incomplete"]] == (
-        [str(path)] if kind == "journal-less-run-dir" else []
-    )
+    assert [entry["path"] for entry in report["incomplete"]] == [str(path)]
 
     rebuilt = run_tool(site, ["--json", *site.rebuild_args(APP)], env={"FAKE_EB_PAYLOAD": "newer"})
     assert rebuilt.returncode == 0, rebuilt.stderr

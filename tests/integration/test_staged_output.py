@@ -54,8 +54,9 @@ def _rebuild(site, run_id, *modules):
 
 
 def _interrupt(site, run_id="r3"):
-    """A rebuild of hello/1.0 that stopped while building, before its build area was made:
-    resume ends it failed, building nothing."""
+    """A rebuild of hello/1.0 that stopped while building, its live-change record taken (as a
+    building run's always is) and before its build area was made: resume ends it failed,
+    building nothing."""
     journal = publish_journal(
         site.state_root / "runs",
         run_id,

@@ -11,6 +11,10 @@ the real commands run against the trees again and again:
 * the state root's ``runs/`` and ``retired/``: retire and rollback, which create a run with
   its journal and write it, and move the module file into and out of ``retired/``.
 
+A last test races the removal itself (what gc and a discarded stage use) against a real
+process of another uid that owns a chain of directories inside the tree and moves them
+out of it, into root's world-writable sticky directory beside it, and back.
+
 Each attempt must complete or be refused in one line, and not one byte of the victim tree
 may be written, moved or deleted: every mutation is made through directory descriptors
 opened from the root without following a link (``fsutil.Directory``). When the swapper
@@ -21,12 +25,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import resume
 from tests.integration.test_staged_full_disk import crash_at, error_line, rebuild_argv, run_cli
+from tests.support.deep import nest, remove_whatever_is_left
 from tests.support.racing import ATTEMPTS, Swapper, assert_completed_or_refused, runs_in
 from tests.support.staged import snapshot
 
@@ -270,3 +277,164 @@ def test_resume_refuses_when_a_directory_it_reads_turns_into_a_link_after_its_ch
     assert done.returncode == 0, done.stderr
     assert snapshot(site.live(APP)) == live_before
     assert site.module_file(APP).read_bytes() == module_bytes
+
+
+# The attacker of the removal: another uid that owns a chain of directories inside the tree
+# being removed (``pub/d/d/...``, as a user who can write into an install may have made). In
+# a tight loop it climbs to a random level of its chain and either moves that level, with
+# what is below it, into root's world-writable sticky directory beside the tree and back, or
+# exchanges it with a link to root's files there and back; until the stop file appears, when
+# it writes how many moves it made. Between trees it waits for the next.
+_MOVER = r"""
+import ctypes, os, random, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+tree, outside, stop, report, depth = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+out_fd = os.open(outside, flags)
+moves = exchanges = 0
+while not os.path.exists(stop):
+    try:
+        fd = os.open(os.path.join(tree, "pub"), flags)
+    except OSError:
+        time.sleep(0.001)
+        continue
+    try:
+        for _level in range(random.randrange(depth)):
+            child = os.open("d", flags, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        away = "moved-%d" % (moves + exchanges)
+        if random.random() < 0.5:
+            os.rename("d", away, src_dir_fd=fd, dst_dir_fd=out_fd)
+            moves += 1
+            os.rename(away, "d", src_dir_fd=out_fd, dst_dir_fd=fd)
+        else:
+            os.symlink(os.path.join(outside, "victim-dir"), "s", dir_fd=fd)
+            if libc.renameat2(fd, b"d", fd, b"s", 2) == 0:
+                exchanges += 1
+                libc.renameat2(fd, b"d", fd, b"s", 2)
+            os.unlink("s", dir_fd=fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+with open(report, "w") as out:
+    out.write("%d %d\n" % (moves, exchanges))
+"""
+
+# The removals, as gc makes them, under a descriptor limit far below the chain's depth: one
+# process (argv: limit, software root) that removes each tree named on its stdin and answers
+# ``completed`` or ``refused: <its one line>``.
+_REMOVER = r"""
+import resource, sys
+from hpcstack_ops.common import errors
+from hpcstack_ops.staged_rebuild import fsutil
+limit = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+for line in sys.stdin:
+    try:
+        fsutil.remove_tree(line.rstrip("\n"), root=sys.argv[2])
+    except (errors.HpcstackError, OSError) as err:
+        print("refused: " + str(err).replace("\n", " "), flush=True)
+    else:
+        print("completed", flush=True)
+"""
+# Deeper than a removal under this descriptor limit may hold open.
+_CHAIN = 120
+_LIMIT = 32
+
+
+def _tree_of(software, attacker):
+    """A retired tree of root's with the attacker's chain in it, made under another name and
+    renamed into place whole, so that the attacker never sees it half made."""
+    building = software / "TinyApp" / ".building"
+    building.mkdir()
+    (building / "PAYLOAD").write_text("old tree\n")
+    (building / "pub").mkdir()
+    os.chown(building / "pub", attacker.uid, attacker.gid)
+    # Beside each level, an empty directory of the name root's directory has beside the tree:
+    # a walk that climbed out of a moved level would find that name pending there.
+    nest(building / "pub", _CHAIN, beside=["victim-dir"], uid=attacker.uid, gid=attacker.gid)
+    tree = software / "TinyApp" / ".1.0.race"
+    building.rename(tree)
+    return tree
+
+
+def test_removal_never_leaves_its_tree_while_another_user_moves_directories_of_it(
+    deep_scratch, attacker_user, package_root
+):
+    software = deep_scratch / "software"
+    (software / "TinyApp").mkdir(parents=True)
+    outside = deep_scratch / "outside"
+    (outside / "victim-dir" / "sub").mkdir(parents=True)
+    (outside / "victim-dir" / "sub" / "keep").write_text("root's\n")
+    (outside / "victim-file").write_text("root's too\n")
+    outside.chmod(0o1777)  # anyone may put a directory here; only root may take root's away
+    victims_before = snapshot(outside / "victim-dir"), (outside / "victim-file").read_bytes()
+    scratch = deep_scratch / "attacker"
+    scratch.mkdir()
+    os.chown(scratch, attacker_user.uid, attacker_user.gid)
+    tree_path = software / "TinyApp" / ".1.0.race"
+    mover = subprocess.Popen(
+        attacker_user.command(
+            [
+                sys.executable,
+                "-c",
+                _MOVER,
+                str(tree_path),
+                str(outside),
+                str(scratch / "stop"),
+                str(scratch / "report"),
+                str(_CHAIN),
+            ]
+        ),
+        env=attacker_user.env(),
+    )
+    remover = subprocess.Popen(
+        [sys.executable, "-c", _REMOVER, str(_LIMIT), str(software)],
+        env=dict(os.environ, PYTHONPATH=str(package_root)),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    outcomes = {"completed": 0, "refused": 0}
+    refusals = set()
+    # A fifth of ATTEMPTS: each attempt builds a tree of some 400 entries first.
+    attempts = max(ATTEMPTS // 5, 10)
+    try:
+        for _attempt in range(attempts):
+            tree = _tree_of(software, attacker_user)
+
+            remover.stdin.write(f"{tree}\n")
+            remover.stdin.flush()
+            answer = remover.stdout.readline()
+
+            assert answer == "completed\n" or answer.startswith("refused: "), answer or remover.wait()
+            outcomes[answer.split(":")[0].strip()] += 1
+            if answer != "completed\n":
+                refusals.add(answer.strip().replace(str(deep_scratch), "<scratch>")[:120])
+            assert (snapshot(outside / "victim-dir"), (outside / "victim-file").read_bytes()) == (
+                victims_before
+            ), f"root's files beside the tree changed after {outcomes}"
+            if os.path.lexists(tree):  # what a refused removal left: out of the attacker's way
+                tree.rename(deep_scratch / f"left-{_attempt}")
+    finally:
+        remover.stdin.close()
+        remover.wait(timeout=60)
+        remover.stdout.close()
+        (scratch / "stop").touch()
+        mover.wait(timeout=60)
+    # What the attacker moved out and did not get back in: the tree's, not root's.
+    for leftover in outside.glob("moved-*"):
+        remove_whatever_is_left(leftover)
+    moves, exchanges = map(int, (scratch / "report").read_text().split())
+    print(
+        f"removal of a {_CHAIN}-deep chain under RLIMIT_NOFILE {_LIMIT} against another user moving "
+        f"its directories, {attempts} attempts: {outcomes}; {moves} moves and {exchanges} exchanges; "
+        f"refusals: {sorted(refusals)}"
+    )
+    assert mover.returncode == 0
+    assert sum(outcomes.values()) == attempts
+    assert outcomes["completed"] > 0
+    assert moves + exchanges > 0
+    assert sorted(os.listdir(outside)) == ["victim-dir", "victim-file"]

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 import checkout
+from tests.support.deep import deep_scratch
 from tests.support.locales import en_us_utf8
 from tests.support.users import unprivileged_user
 
-__all__ = ["en_us_utf8", "package_dir", "unprivileged_user"]
+__all__ = ["deep_scratch", "en_us_utf8", "package_dir", "unprivileged_user"]
 
 
 @pytest.fixture(scope="session")

@@ -79,9 +79,10 @@ def test_non_blocking_lock_tries_are_made_only_by_the_try_lock_helper():
 
 def test_no_module_makes_its_own_temporary_file_for_a_replace():
     assert _files_calling("mkstemp") == []
-    # One sequence, fsutil's (Directory.replace, which durable_replace and atomic_write use,
-    # and modulefile calls on the directory it read the replaced file's metadata through).
-    assert _files_calling("_create_temp") == ["staged_rebuild/fsutil.py"]
+    # One sequence, dirfd's (Directory.replace, which durable_replace and atomic_write use,
+    # modulefile calls on the directory it read the replaced file's metadata through, and the
+    # arch_guard role's writes on a node use).
+    assert _files_calling("_create_temp") == ["common/dirfd.py"]
     assert _files_calling("durable_replace") == ["staged_rebuild/fsutil.py"]
 
 

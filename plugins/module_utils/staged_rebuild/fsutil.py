@@ -1,9 +1,11 @@
 # Copyright: hpcstack.ops contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filesystem primitives of the staged rebuild: the directory exchange, durable replaces of
-files (``durable_replace`` and ``atomic_write``), ``O_NOFOLLOW`` opens, symlink checks, the
-live-change record, and ``Directory``: every mutation of a tree made through directory
-descriptors opened from a root checked once, without following a link.
+"""Filesystem primitives of the staged rebuild by path: durable replaces of files
+(``durable_replace`` and ``atomic_write``), ``O_NOFOLLOW`` opens, symlink checks, renames,
+removals and directories made below a root, and the live-change record. Each goes through
+``Directory`` (``common/dirfd.py``, shared with the arch_guard role): every mutation of a tree
+made through directory descriptors opened from a root checked once, without following a link.
+The names of ``dirfd`` the staged tool uses are reached here too (``fsutil.Directory``).
 
 Standard library only; nothing runs at import time.
 """
@@ -11,84 +13,25 @@ Standard library only; nothing runs at import time.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import hashlib
 import os
-import platform
 import stat
-from typing import IO, Any, Callable, Iterator, List, Optional, Tuple
+from typing import IO, Any, Iterator, Optional
 
 from ..common import errors
-
-# From include/uapi/linux/fs.h.
-RENAME_EXCHANGE = 1 << 1
-_AT_FDCWD = -100
-
-# renameat2 syscall numbers, for a C library older than glibc 2.28 that lacks the wrapper.
-_SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276, "ppc64le": 357, "riscv64": 276}
-
-_renameat2_cache: List[Optional[Callable[..., int]]] = []
-
-
-def _syscall_renameat2(libc, number):
-    """renameat2 through ``syscall(2)``, for a C library that lacks the wrapper."""
-    syscall = libc.syscall
-    syscall.restype = ctypes.c_long
-
-    def renameat2(olddir, old, newdir, new, flags):
-        return syscall(
-            ctypes.c_long(number),
-            ctypes.c_int(olddir),
-            ctypes.c_char_p(old),
-            ctypes.c_int(newdir),
-            ctypes.c_char_p(new),
-            ctypes.c_uint(flags),
-        )
-
-    return renameat2
-
-
-def _load_renameat2():
-    libc = ctypes.CDLL(None, use_errno=True)
-    func = getattr(libc, "renameat2", None)
-    if func is not None:
-        func.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-        func.restype = ctypes.c_int
-        return func
-    number = _SYS_RENAMEAT2.get(platform.machine())
-    return None if number is None else _syscall_renameat2(libc, number)
-
-
-def _renameat2():
-    """The renameat2 callable (or None), loaded on first use rather than at import."""
-    if not _renameat2_cache:
-        _renameat2_cache.append(_load_renameat2())
-    return _renameat2_cache[0]
-
-
-def rename_exchange(path_a, path_b, dir_fd: Optional[int] = None, other_dir_fd: Optional[int] = None) -> None:
-    """Swap the names ``path_a`` and ``path_b`` in one step (``renameat2(RENAME_EXCHANGE)``).
-
-    Both names must exist; with ``dir_fd`` they are names in that directory descriptor
-    (``path_b`` in ``other_dir_fd`` when given: ``Directory.exchange``). Raises ``OSError``
-    with the kernel's errno: ``EXDEV`` across mounts, ``EINVAL`` where the filesystem
-    cannot exchange (FUSE, overlay lower layers), ``ENOSYS`` where neither the C library nor
-    the syscall table offers renameat2. Callers pick their fallback from that errno.
-    """
-    func = _renameat2()
-    if func is None:
-        raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS), path_a, None, path_b)
-    at_a = _AT_FDCWD if dir_fd is None else dir_fd
-    at_b = at_a if other_dir_fd is None else other_dir_fd
-    if func(at_a, os.fsencode(path_a), at_b, os.fsencode(path_b), RENAME_EXCHANGE) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), path_a, None, path_b)
-
-
-# What a filesystem answers when it has no way to flush a directory: nothing was tried, so
-# nothing failed (see fsync_dir). ENOTSUP and EOPNOTSUPP are one value on Linux, two elsewhere.
-DIR_SYNC_UNSUPPORTED = frozenset({errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP})
+from ..common.dirfd import (  # noqa: F401 (the staged tool's modules name these fsutil.X)
+    DIR_SYNC_UNSUPPORTED,
+    RENAME_EXCHANGE,
+    Directory,
+    _components,
+    fsync_dir_fd,
+    open_dir_at,
+    parent_of,
+    read_regular,
+    remove_tree_at,
+    rename_exchange,
+)
 
 
 def fsync_dir(path) -> None:
@@ -116,15 +59,6 @@ def fsync_dir(path) -> None:
         os.close(fd)
 
 
-def fsync_dir_fd(fd: int) -> None:
-    """``fsync_dir`` of a directory already open as ``fd``, with the same rule."""
-    try:
-        os.fsync(fd)
-    except OSError as err:
-        if err.errno not in DIR_SYNC_UNSUPPORTED:
-            raise
-
-
 def open_nofollow(path, flags, mode=0o600):
     """``os.open`` that refuses a symlink as the last component of ``path``; returns the fd.
 
@@ -144,219 +78,6 @@ def open_nofollow(path, flags, mode=0o600):
         if refused_link:
             raise errors.UsageError(f"{os.fspath(path)} is a symbolic link; refusing to follow it") from None
         raise
-
-
-def read_regular(path, what="file", root=None) -> bytes:
-    """The bytes of the regular file ``path``, read without following a link or blocking.
-
-    ``O_NONBLOCK`` makes opening a FIFO return at once, and ``fstat`` on the opened file then
-    refuses it, a socket's stand-in, a device or a directory, each with one line naming
-    ``what`` and ``path``. A missing file stays ``FileNotFoundError``. With ``root``, the
-    directories below it are opened without following a link too (``Directory``): what is
-    read is a file of that tree, never of one a swapped-in link points to.
-    """
-    directory, name = parent_of(path, root)
-    with directory:
-        return directory.read_regular(name, what)
-
-
-def _read_regular_fd(fd: int, what: str, where: str) -> bytes:
-    """The bytes of the open ``fd`` if it is a regular file; closes it either way.
-
-    Checked on the descriptor before a file object is made of it: ``io`` refuses a
-    directory with an ``IsADirectoryError`` of its own, which is no one-line refusal."""
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise errors.UsageError(f"{what} {where} is not a regular file")
-    except BaseException:
-        os.close(fd)
-        raise
-    with os.fdopen(fd, "rb") as handle:
-        return handle.read()
-
-
-# O_EXCL with O_NOFOLLOW: a name that exists, even as a dangling symlink or a FIFO, is never
-# opened; O_CLOEXEC: no child (a --prepare program, EasyBuild) inherits the half-written file.
-_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_TEMP_ATTEMPTS = 8
-# Room for the dot, the random part and ".tmp" within a file name of 255 bytes.
-_TEMP_STEM_CHARS = 64
-
-
-def _create_temp(directory_fd: int, name: str) -> Tuple[int, str]:
-    """Create an unused, unpredictable name in ``directory_fd``: (descriptor, name), mode 0600."""
-    for _attempt in range(_TEMP_ATTEMPTS):
-        temp = f".{name[:_TEMP_STEM_CHARS]}.{os.urandom(8).hex()}.tmp"
-        try:
-            return os.open(temp, _TEMP_FLAGS, 0o600, dir_fd=directory_fd), temp
-        except FileExistsError:
-            continue  # 64 random bits taken already: someone is filling the directory; try again
-    raise FileExistsError(errno.EEXIST, f"no unused temporary name for {name}")
-
-
-class Directory:
-    """A directory held by its descriptor; every operation names an entry relative to it.
-
-    This is how eb-staged-rebuild mutates a tree that other users may write: the directory
-    is opened once, from a root checked once, component by component without following a
-    link (``Directory.open(path, root)``), and every delete, rename, exchange, durable write
-    and mkdir in it is made through the descriptor. A component swapped for a symlink after
-    any check makes the open fail with one line (``open_dir_at``); once open, the descriptor
-    stays on the directory that was checked, whatever its name comes to point at, so no
-    operation can reach another tree.
-
-    ``path`` is kept for messages only; nothing is ever resolved through it again.
-    """
-
-    def __init__(self, fd: int, path: str) -> None:
-        self.fd = fd
-        self.path = path
-
-    @classmethod
-    def open(cls, path, root=None, create_mode: Optional[int] = None) -> Directory:
-        """The directory ``path``, opened below the trusted ``root`` without following a link.
-
-        ``root`` itself may be a link (a site may keep its software root behind one, as
-        ``refuse_symlink_components``'s ``stop_at`` allows); a ``path`` not under ``root`` or
-        with ``..`` below it is refused. Without ``root`` the whole of ``path`` is trusted
-        (tests, and callers that checked it themselves). With ``create_mode``, missing
-        components below ``root`` are made with that mode (``os.makedirs``, by descriptor).
-        """
-        path = os.fspath(path)
-        if root is None:
-            return cls(os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), path)
-        root = os.fspath(root)
-        parts, top = _components(path), _components(root)
-        if parts[: len(top)] != top:
-            raise errors.UsageError(f"{path} is not under {root}")
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        where = root
-        try:
-            for name in parts[len(top) :]:
-                if name == "..":
-                    raise errors.UsageError(f"{path} leaves {root}")
-                where = os.path.join(where, name)
-                if create_mode is not None:
-                    with contextlib.suppress(FileExistsError):
-                        os.mkdir(name, create_mode, dir_fd=fd)
-                child = open_dir_at(fd, name, where)
-                os.close(fd)
-                fd = child
-        except BaseException:
-            os.close(fd)
-            raise
-        return cls(fd, path)
-
-    def __enter__(self) -> Directory:
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        os.close(self.fd)
-
-    def join(self, name: str) -> str:
-        return os.path.join(self.path, name)
-
-    def lstat(self, name: str) -> Optional[os.stat_result]:
-        """The entry ``name`` as it is (a link not followed), or None when there is none."""
-        try:
-            return os.stat(name, dir_fd=self.fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return None
-
-    def mkdir(self, name: str, mode: int = 0o755) -> None:
-        os.mkdir(name, mode, dir_fd=self.fd)
-
-    def unlink(self, name: str) -> None:
-        os.unlink(name, dir_fd=self.fd)
-
-    def rmdir(self, name: str) -> None:
-        os.rmdir(name, dir_fd=self.fd)
-
-    def symlink(self, target: str, name: str) -> None:
-        os.symlink(target, name, dir_fd=self.fd)
-
-    def rename(self, name: str, target: Directory, target_name: str) -> None:
-        """``name`` here becomes ``target_name`` in ``target`` (this directory or another)."""
-        os.rename(name, target_name, src_dir_fd=self.fd, dst_dir_fd=target.fd)
-
-    def exchange(self, name_a: str, name_b: str, other: Optional[Directory] = None) -> None:
-        """Swap ``name_a`` here and ``name_b`` (in ``other``, default this directory) in one
-        step (``rename_exchange``)."""
-        other = self if other is None else other
-        try:
-            rename_exchange(name_a, name_b, dir_fd=self.fd, other_dir_fd=other.fd)
-        except OSError as err:
-            raise OSError(err.errno, err.strerror, self.join(name_a), None, other.join(name_b)) from None
-
-    def sync(self) -> None:
-        """Flush this directory's entries (``fsync_dir``'s rule)."""
-        fsync_dir_fd(self.fd)
-
-    def open_entry(self, name: str) -> int:
-        """A read-only descriptor of the entry ``name``, opened without following a link or
-        blocking on a FIFO; an ``OSError`` names the whole path (``ELOOP`` for a link,
-        ``ENXIO`` for a socket)."""
-        try:
-            return os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
-        except OSError as err:
-            raise OSError(err.errno, err.strerror, self.join(name)) from None
-
-    def read_regular(self, name: str, what: str = "file") -> bytes:
-        """``read_regular`` of the entry ``name``: no link followed, no FIFO waited on."""
-        try:
-            fd = self.open_entry(name)
-        except OSError as err:
-            if err.errno == errno.ELOOP:
-                raise errors.UsageError(
-                    f"{what} {self.join(name)} is a symbolic link; refusing to follow it"
-                ) from None
-            if err.errno == errno.ENXIO:  # what opening a socket answers
-                raise errors.UsageError(f"{what} {self.join(name)} is not a regular file") from None
-            raise
-        return _read_regular_fd(fd, what, self.join(name))
-
-    def remove_tree(self, name: str) -> None:
-        """Remove the directory ``name`` and all it holds, by descriptors (``remove_tree_at``)."""
-        remove_tree_at(self.fd, name, self.join(name))
-
-    @contextlib.contextmanager
-    def replace(
-        self, name: str, mode: Optional[int] = 0o644, *, text: bool = False, encoding: str = "utf-8"
-    ) -> Iterator[IO[Any]]:
-        """``durable_replace`` of the entry ``name`` of this directory."""
-        info = self.lstat(name)
-        if info is not None and stat.S_ISLNK(info.st_mode):
-            raise errors.UsageError(f"target {self.join(name)} is a symbolic link; refusing to replace it")
-        fd, temp = _create_temp(self.fd, name)
-        try:
-            stream = os.fdopen(fd, "w" if text else "wb", encoding=encoding if text else None)
-        except BaseException:
-            os.close(fd)
-            os.unlink(temp, dir_fd=self.fd)
-            raise
-        replaced = False
-        try:
-            with stream:
-                yield stream
-                stream.flush()
-                if mode is not None:
-                    os.fchmod(stream.fileno(), mode)
-                os.fsync(stream.fileno())
-            os.replace(temp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
-            replaced = True
-        finally:
-            # Any error up to the rename, or an interrupt, or a caller that leaves the block
-            # early: the temporary file goes and the target is as it was.
-            if not replaced:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(temp, dir_fd=self.fd)
-        self.sync()
-
-
-def parent_of(path, root=None) -> Tuple[Directory, str]:
-    """(the directory holding ``path``, opened as ``Directory.open`` does, and its last name)."""
-    directory, name = os.path.split(os.path.abspath(path))
-    return Directory.open(directory, root), name
 
 
 @contextlib.contextmanager
@@ -417,62 +138,6 @@ def atomic_write(path, data: bytes, mode: int = 0o644, root=None) -> None:
     contents or the new, never a mix; ``mode`` whatever the umask. ``TypeError`` for ``str``."""
     with durable_replace(path, mode, root=root) as stream:
         stream.write(data)
-
-
-def _components(path):
-    """The absolute ``path`` as its list of components, without normalising ``..`` away."""
-    path = os.fspath(path)
-    if not os.path.isabs(path):
-        # Not abspath: normalising "link/.." lexically would skip the link the kernel follows.
-        path = os.path.join(os.getcwd(), path)
-    return [part for part in path.split("/") if part not in ("", ".")]
-
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def open_dir_at(parent_fd: int, name: str, where: str) -> int:
-    """The directory ``name`` in ``parent_fd``, never through a link: a component swapped for
-    a symlink after any check fails here, with one line naming ``where``."""
-    try:
-        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
-    except OSError as err:
-        if err.errno not in (errno.ELOOP, errno.ENOTDIR):
-            raise
-        try:
-            mode = os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_mode
-        except OSError:
-            mode = 0  # gone again: say what the open found
-        if stat.S_ISLNK(mode) or err.errno == errno.ELOOP:
-            raise errors.UsageError(f"{where} is a symbolic link; refusing to follow it") from None
-        if stat.S_ISDIR(mode):  # a link when opened, a directory again now: it is being swapped
-            raise errors.UsageError(f"{where} changed while it was opened; refusing to follow it") from None
-        raise errors.UsageError(f"{where} is not a directory") from None
-
-
-def remove_tree_at(parent_fd: int, name: str, where: str) -> None:
-    """Remove the directory ``name`` in ``parent_fd`` and all it holds, by descriptors only.
-
-    Every directory is opened relative to the one above it without following a link, and
-    emptied through its own descriptor, so no name is resolved again after a check: a link
-    swapped in anywhere makes the removal fail and never reaches another tree. A sealed
-    directory (no owner write, ``--read-only-installdir``) gets its write bit back first.
-    """
-    fd = open_dir_at(parent_fd, name, where)
-    try:
-        mode = stat.S_IMODE(os.fstat(fd).st_mode)
-        if mode & (stat.S_IWUSR | stat.S_IXUSR) != stat.S_IWUSR | stat.S_IXUSR:
-            os.fchmod(fd, mode | stat.S_IWUSR | stat.S_IXUSR)
-        with os.scandir(fd) as entries:
-            children = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
-        for child, is_dir in children:
-            if is_dir:
-                remove_tree_at(fd, child, os.path.join(where, child))
-            else:
-                os.unlink(child, dir_fd=fd)
-    finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=parent_fd)
 
 
 def rename(source, destination, root) -> None:

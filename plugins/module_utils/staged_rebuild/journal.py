@@ -53,11 +53,12 @@ import json
 import os
 import signal
 import stat
-from typing import Any, ContextManager, Dict, Iterator, List, Optional
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Tuple
 
 from ..common import errors
 from ..common.errors import setting
 from . import fsutil, paths, records
+from .backends import BACKENDS
 from .faults import Faults
 from .records import AbsPath, Sha256, Timestamp
 from .request import RebuildRequest
@@ -338,20 +339,32 @@ class Run:
             paths.check_run_id(self.run_id)
         except errors.UsageError as err:
             raise records.RecordError(f"run_id: {err}") from None
-        needed = _PUBLISH_FIELDS if self.kind is RunKind.PUBLISH else _RETIRE_FIELDS
-        for name in needed:
+        for name in _PUBLISH_FIELDS if self.kind is RunKind.PUBLISH else _RETIRE_FIELDS:
             if getattr(self, name) is None:
                 raise records.RecordError(f"{name} is missing (a {self.kind.value} run has it)")
-        if self.state not in _STATES_OF[self.kind]:
+        invariant = STATE_INVARIANTS.get((self.kind, self.state))
+        if invariant is None:
             raise records.RecordError(f"state {self.state.value!r} is not a state of a {self.kind.value} run")
+        self._check_backends()
         for index, entry in enumerate(self.modules):
             entry.check(f"modules[{index}]")
+        invariant.check(self)
         modules = {entry.module for entry in self.modules}
         for index, step in enumerate(self.steps):
             if step.step.module is not None and step.step.module not in modules:
                 raise records.RecordError(
                     f"steps[{index}] acts on {step.step.module}, which the run does not have"
                 )
+
+    def _check_backends(self) -> None:
+        """The backend a run built with is one that exists (a name shown and, in the request,
+        chosen again by resume): a closed set, so no text but these names reaches the output."""
+        if self.backend is not None and self.backend not in BUILT_WITH:
+            raise records.RecordError(f"backend {self.backend!r} is not one of {', '.join(BUILT_WITH)}")
+        if self.request is not None and self.request.backend not in BACKENDS:
+            raise records.RecordError(
+                f"request.backend {self.request.backend!r} is not one of {', '.join(BACKENDS)}"
+            )
 
     def check_paths(self, state_root: str) -> None:
         """Refuse a run whose paths are not where this state root's runs put them.
@@ -375,8 +388,15 @@ class Run:
                 f"trees ({self.trees.software}, {self.trees.modules}) are not the request's "
                 f"({self.request.software}, {self.request.modules})"
             )
+        planned = "module_backup" in STATE_INVARIANTS[(self.kind, self.state)].entry_fields
         for index, entry in enumerate(self.modules):
             entry.check_paths(f"modules[{index}]", self.trees, self.run_id, run_dir, state_root)
+            backup = os.path.join(run_dir, entry.module_backup_name())
+            # Both fields null says "no module file before"; the backup planning wrote says otherwise.
+            if planned and entry.module_backup is None and os.path.lexists(backup):
+                raise records.RecordError(
+                    f"modules[{index}].module_backup is missing, but the run's backup {backup} exists"
+                )
         for index, step in enumerate(self.steps):
             if step.step.module_class is not None:
                 _require_class(f"steps[{index}]", step.step.module_class)
@@ -450,13 +470,77 @@ def _require_class(where: str, module_class: str) -> None:
         )
 
 
+# What every run of a kind has, in every state: written when the run is created.
 _PUBLISH_FIELDS = ("trees", "request", "backend")
-_STATES_OF = {
-    RunKind.PUBLISH: INTERRUPTED - {RunState.RETIRING}
-    | {RunState.PUBLISHED, RunState.FAILED, RunState.ROLLED_BACK},
-    RunKind.RETIRE: {RunState.RETIRING, RunState.RETIRED, RunState.ROLLED_BACK},
-}
 _RETIRE_FIELDS = ("module_file", "retired_to", "module_sha256", "software_dir", "reason", "retired_at")
+# The backends a run is built with (``backends.select``'s answers; the request may say auto).
+BUILT_WITH = tuple(name for name in BACKENDS if name != "auto")
+
+
+@dataclasses.dataclass(frozen=True)
+class Invariant:
+    """What a run in one state always has, beyond its kind's fields: at least ``modules``
+    module entries, and in each entry the ``entry_fields`` (each but where ``EXCEPT_WHEN``
+    says it may be null). ``check`` refuses a run that lacks one, naming the field."""
+
+    modules: int = 0
+    entry_fields: Tuple[str, ...] = ()
+
+    def check(self, run: Run) -> None:
+        state = f"a {run.kind.value} run in state {run.state.value}"
+        if len(run.modules) < self.modules:
+            raise records.RecordError(f"modules is empty ({state} has at least one module)")
+        for index, entry in enumerate(run.modules):
+            for name in self.entry_fields:
+                if getattr(entry, name) is not None:
+                    continue
+                excuse, excused = EXCEPT_WHEN.get(name, ("", None))
+                if excused is not None and excused(run, entry):
+                    continue
+                unless = f" unless {excuse}" if excuse else ""
+                raise records.RecordError(f"modules[{index}].{name} is missing ({state} has it{unless})")
+
+
+# The fields planning writes into each module entry before any swap (``planner.plan``): the
+# prepared module file and its hash, the old module file's backup and hash, and the inodes of
+# the stage and of the live tree, by which resume, rollback and gc tell the trees apart.
+PLANNED = (
+    "live_record",
+    "prepared_module",
+    "new_module_sha256",
+    "module_backup",
+    "old_module_sha256",
+    "stage_ino",
+    "live_ino",
+)
+# When an entry may lack one of those fields, and the words that say so.
+EXCEPT_WHEN: Dict[str, Tuple[str, Callable[[Run, ModuleEntry], bool]]] = {
+    "live_record": (
+        "its request skipped the live-change check",
+        lambda run, entry: bool(run.request and run.request.skip_live_check),
+    ),
+    # Both null: there was no module file before the run.
+    "module_backup": ("old_module_sha256 is null too", lambda run, entry: entry.old_module_sha256 is None),
+    "old_module_sha256": ("module_backup is null too", lambda run, entry: entry.module_backup is None),
+}
+_PUBLISHED = Invariant(modules=1, entry_fields=PLANNED)
+# Each state a run of each kind can be in, and what it always has there. A state missing
+# from the table is no state of that kind.
+STATE_INVARIANTS: Dict[Tuple[RunKind, RunState], Invariant] = {
+    # Created without modules; its entries saved with their live-change records in one write.
+    (RunKind.PUBLISH, RunState.BUILDING): Invariant(entry_fields=("live_record",)),
+    # Planning fills each entry in turn: a crash leaves some entries planned, some not.
+    (RunKind.PUBLISH, RunState.PLANNING): Invariant(modules=1, entry_fields=("live_record",)),
+    (RunKind.PUBLISH, RunState.PUBLISHING): _PUBLISHED,
+    (RunKind.PUBLISH, RunState.PUBLISHED): _PUBLISHED,
+    (RunKind.PUBLISH, RunState.ROLLING_BACK): _PUBLISHED,
+    (RunKind.PUBLISH, RunState.ROLLED_BACK): _PUBLISHED,
+    # Refused or reversed wherever it was: building, planning or publishing.
+    (RunKind.PUBLISH, RunState.FAILED): Invariant(),
+    (RunKind.RETIRE, RunState.RETIRING): Invariant(),
+    (RunKind.RETIRE, RunState.RETIRED): Invariant(),
+    (RunKind.RETIRE, RunState.ROLLED_BACK): Invariant(),
+}
 
 
 def _schema_problem(schema: Any) -> str:
@@ -733,51 +817,101 @@ def _exists_already(run_id: str, run_dir: str) -> errors.UsageError:
     return errors.UsageError(f"run {run_id} exists already ({run_dir}); pick another {setting('run_id')}")
 
 
-def _run_dirs(state_root: str) -> List[str]:
-    """The run directories under ``state_root/runs``: real directories with a plain name.
+def _runs_entries(state_root: str) -> Tuple[List[str], List[Dict[str, Any]]]:
+    """What ``state_root/runs`` holds: the run directories (real directories named as a run
+    id), and every other entry with what it is and what to do about it (``unlisted``).
 
-    Hidden entries are left out: ``.creating-*`` is a run being created (or what a crash
-    left of one, which never became a run).
+    Nothing is followed or skipped without a word: a partial list never hides a run. A link
+    named as a run is no run directory (a journal is never read through one), a
+    ``.creating-*`` directory is a creation that was interrupted (or is under way), and
+    anything else is nothing this tool wrote; each is listed beside the runs.
     """
     runs_dir = os.path.join(state_root, "runs")
     try:
         names = sorted(os.listdir(runs_dir))
     except FileNotFoundError:
-        return []
-    found = []
+        return [], []
+    found: List[str] = []
+    others: List[Dict[str, Any]] = []
     for name in names:
-        run_dir = os.path.join(runs_dir, name)
-        if name.startswith(".") or not os.path.isdir(run_dir) or os.path.islink(run_dir):
-            continue
-        found.append(run_dir)
-    return found
+        path = os.path.join(runs_dir, name)
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue  # removed since it was listed: a run being created is renamed, not removed
+        is_run_id = paths.RUN_ID.match(name) is not None
+        if is_run_id and stat.S_ISDIR(mode):
+            found.append(path)
+        elif name.startswith(CREATING) and stat.S_ISDIR(mode):
+            others.append(_unlisted(path, None, "leftover", _LEFTOVER))
+        else:
+            others.append(
+                _unlisted(path, name if is_run_id else None, "unreadable", _not_a_run(mode, is_run_id))
+            )
+    return found, others
+
+
+def _run_dirs(state_root: str) -> List[str]:
+    return _runs_entries(state_root)[0]
+
+
+def _unlisted(path: str, run_id: Optional[str], kind: str, why: str) -> Dict[str, Any]:
+    return {"path": path, "run_id": run_id, "kind": kind, "why": why}
 
 
 _NO_JOURNAL = (
     "a run directory without a journal (left by a crash or a full disk while an earlier release created it)"
 )
+_LEFTOVER = (
+    "what a run's creation left when it was interrupted (its journal is written there, then the "
+    "directory renamed to the run id): it never became a run and nothing of it was built or "
+    "published; once no rebuild or retire is running, remove it by hand"
+)
 
 
-def incomplete(state_root: str) -> List[Dict[str, str]]:
-    """Run directories without a journal, each with why: reported by status and gc, never loaded.
+def _not_a_run(mode: int, is_run_id: bool) -> str:
+    """Why an entry of ``runs/`` that is neither a run directory nor a creation's leftover is
+    not read, and what to do."""
+    if stat.S_ISLNK(mode):
+        return (
+            "a symbolic link where a run directory should be: a journal is never read through a "
+            "link, so no run of it is listed or resumed; see where it points (a run moved away "
+            "goes back as a directory of its own), then remove the link by hand"
+        )
+    if not stat.S_ISDIR(mode):
+        return "not a directory, so no run: nothing of this tool writes one there; remove it by hand"
+    return (
+        "a directory whose name is no run id (letters, digits, '.', '_' and '-', starting "
+        "with a letter or digit), so no run of this tool: remove it by hand"
+    )
 
-    This release creates a run directory together with its journal (``Journal.create``); an
-    earlier one made the directory first, so a crash or ENOSPC between the two left it empty.
-    Nothing in it was ever published: remove it by hand.
+
+def incomplete(state_root: str) -> List[Dict[str, Any]]:
+    """Every entry of ``runs/`` that is not a run with a journal, each with its ``path``, its
+    ``run_id`` (None for a name that is none), its ``kind`` and ``why``: reported by status
+    and gc (a warning each), never loaded, never removed by the tool.
+
+    ``kind`` is ``incomplete`` for a run directory without one (this release creates a run
+    directory together with its journal, ``Journal.create``; an earlier one made the
+    directory first, so a crash or ENOSPC between the two left it empty: nothing in it was
+    published), ``leftover`` for a ``.creating-*`` directory and ``unreadable`` for anything
+    else (a link named as a run, a file); remove each by hand.
     """
-    return [
-        {"path": run_dir, "run_id": os.path.basename(run_dir), "why": _NO_JOURNAL + "; remove it by hand"}
-        for run_dir in _run_dirs(state_root)
+    run_dirs, others = _runs_entries(state_root)
+    journal_less = [
+        _unlisted(run_dir, os.path.basename(run_dir), "incomplete", _NO_JOURNAL + "; remove it by hand")
+        for run_dir in run_dirs
         if not os.path.lexists(os.path.join(run_dir, JOURNAL))
     ]
+    return sorted(journal_less + others, key=lambda entry: entry["path"])
 
 
 def run_journals(state_root: str) -> List[Journal]:
     """Every journal under ``state_root/runs``, oldest run first; one bad journal stops it.
 
-    A partial list would hide the broken run, so a journal that does not load raises. Two
-    things are skipped, not loaded: hidden entries (a run being created) and a run directory
-    without a journal (``incomplete`` reports those).
+    A partial list would hide the broken run, so a journal that does not load raises. What
+    is not a run with a journal is not loaded: ``incomplete`` reports each (a run directory
+    without a journal, a creation's leftover, a link or a file where a run should be).
     """
     journals = [
         Journal.load(os.path.join(run_dir, JOURNAL))
@@ -801,10 +935,17 @@ def find(state_root: str, run_id: str) -> Journal:
     """The journal of ``run_id``; a run id that is not a plain name (``../x``) is refused."""
     paths.check_run_id(run_id)
     path = os.path.join(state_root, "runs", run_id, JOURNAL)
-    if not os.path.lexists(os.path.dirname(path)):
-        raise errors.UsageError("no run {} under {}".format(run_id, os.path.join(state_root, "runs")))
-    if os.path.isdir(os.path.dirname(path)) and not os.path.lexists(path):
-        raise errors.JournalError(f"run {run_id}: {_NO_JOURNAL}; remove {os.path.dirname(path)} by hand")
+    run_dir = os.path.dirname(path)
+    try:
+        mode = os.lstat(run_dir).st_mode
+    except FileNotFoundError:
+        raise errors.UsageError(
+            "no run {} under {}".format(run_id, os.path.join(state_root, "runs"))
+        ) from None
+    if not stat.S_ISDIR(mode):
+        raise errors.JournalError(f"run {run_id}: {run_dir} is {_not_a_run(mode, True)}")
+    if not os.path.lexists(path):
+        raise errors.JournalError(f"run {run_id}: {_NO_JOURNAL}; remove {run_dir} by hand")
     return Journal.load(path)
 
 

@@ -5,10 +5,14 @@
 A record is a dataclass; each field's type says what the JSON value must be, and the loader
 checks every one: presence (a field without a default is required), JSON type (JSON ``true``
 is not an integer), and the shape of the value types below (an absolute path, a time with
-its zone, a SHA-256). An unknown key is refused too: a journal written by a newer release
-is not silently rewritten without what it knew. ``RecordError`` says where the value is
-(``modules[1].stage_ino``) and what is wrong with it; the journal turns it into its
-one-line refusal.
+its zone, a SHA-256). What no command could compute with is refused as well, whatever the
+field: a string holding a surrogate that no bytes encode (``"\\ud800"``: a path of it cannot
+be named, a line of it cannot be written), an integer outside 0 to 2**64 - 1 (an inode, a
+file offset, a count), a time outside 1970 to 9000 UTC (its offset could carry it past
+``datetime``'s range when it is shown in local time or given gc's grace period). An
+unknown key is refused too: a journal written by a newer release is not silently rewritten
+without what it knew. ``RecordError`` says where the value is (``modules[1].stage_ino``)
+and what is wrong with it; the journal turns it into its one-line refusal.
 
 ``dump`` is the inverse: every field under its own name (``None`` as null), enums as their
 values, nested records as objects. A type that is not one of
@@ -59,6 +63,15 @@ def _check_str(value: Any, where: str) -> str:
         raise wrong_type(where, "a string", value)
     if "\0" in value:
         raise RecordError(f"{where} contains a NUL byte")
+    try:
+        # UTF-8 with surrogateescape is how Python names a path's bytes (an undecodable byte is
+        # U+DC80..U+DCFF, which the tool writes for a path that holds one); any other surrogate
+        # is no bytes at all, and fails wherever the string is used as a name or printed.
+        value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as err:
+        raise RecordError(
+            f"{where} holds U+{ord(value[err.start]):04X}, a lone surrogate that encodes no bytes"
+        ) from None
     return value
 
 
@@ -69,6 +82,13 @@ def _check_abs_path(value: Any, where: str) -> str:
     return path
 
 
+# The times a journal may hold: from the Unix epoch (no clock the tool ran under was set
+# earlier) to the year 9000, far enough inside ``datetime``'s range (years 1 to 9999) that
+# a time shown in local time, or given gc's longest grace period (100 years), stays in it.
+EARLIEST = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+LATEST = datetime.datetime(9000, 1, 1, tzinfo=datetime.timezone.utc)
+
+
 def _check_timestamp(value: Any, where: str) -> str:
     stamp = _check_str(value, where)
     try:
@@ -77,6 +97,12 @@ def _check_timestamp(value: Any, where: str) -> str:
         raise RecordError(f"{where} is not an ISO 8601 time: {stamp!r}") from None
     if parsed.tzinfo is None:
         raise RecordError(f"{where} has no UTC offset: {stamp!r}")
+    try:
+        in_range = EARLIEST <= parsed.astimezone(datetime.timezone.utc) < LATEST
+    except OverflowError:  # year 1 with an offset east of UTC, year 9999 west of it
+        in_range = False
+    if not in_range:
+        raise RecordError(f"{where} is not between 1970 and 9000 UTC: {stamp!r}")
     return stamp
 
 
@@ -87,9 +113,15 @@ def _check_sha256(value: Any, where: str) -> str:
     return digest
 
 
+# Every integer of a record is an inode number, a file offset or a count: 64 bits, unsigned.
+_INT_LIMIT = 2**64
+
+
 def _check_int(value: Any, where: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise wrong_type(where, "an integer", value)
+    if not 0 <= value < _INT_LIMIT:
+        raise RecordError(f"{where} is {value}, not an integer from 0 to 2**64 - 1")
     return value
 
 
@@ -137,7 +169,10 @@ def _load_value(hint: Any, value: Any, where: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise wrong_type(where, "an object", value)
-        return {key: _load_value(args[1], item, where_of(where, key)) for key, item in value.items()}
+        return {
+            _check_str(key, where): _load_value(args[1], item, where_of(where, key))
+            for key, item in value.items()
+        }
     return _load_named(hint, value, where)
 
 

@@ -14,6 +14,7 @@ returned for the caller to refuse, or to accept explicitly.
 from __future__ import annotations
 
 import base64
+import errno
 import mmap
 import os
 import re
@@ -159,16 +160,35 @@ def _rewrite_link(path, rewrites):
 
 
 def _walk(root):
-    """Every non-directory under ``root`` (or ``root`` itself if it is a file), never following links."""
+    """Every non-directory under ``root`` (or ``root`` itself if it is a file), never following links.
+
+    Its own stack rather than ``os.walk``, which before Python 3.12 recurses once per level (a
+    chain a thousand directories deep raised ``RecursionError``) and passes over a directory
+    it cannot list without a word: a file there would go unchecked. A directory that cannot
+    be listed refuses the run instead; one too deep for its path to be named says so.
+    """
     if not os.path.isdir(root) or os.path.islink(root):
         yield root
         return
-    for directory, _dirs, files in os.walk(root):
-        for name in files:
-            yield os.path.join(directory, name)
-        for name in _dirs:
-            if os.path.islink(os.path.join(directory, name)):
-                yield os.path.join(directory, name)
+    pending = [root]
+    while pending:
+        directory = pending.pop()
+        try:
+            # Listed whole before anything is yielded: the caller replaces links in it.
+            with os.scandir(directory) as entries:
+                found = [(entry.path, entry.is_dir(follow_symlinks=False)) for entry in entries]
+        except OSError as err:
+            if err.errno == errno.ENAMETOOLONG:
+                raise errors.UsageError(
+                    f"{root} holds directories nested too deep for their paths to be named "
+                    f"({len(os.fsencode(directory))} bytes); nothing was swapped"
+                ) from None
+            raise
+        for path, is_dir in found:
+            if is_dir:
+                pending.append(path)
+            else:
+                yield path
 
 
 def relocate(roots, rewrites):

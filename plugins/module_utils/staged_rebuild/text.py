@@ -72,8 +72,8 @@ class Style:
 
 
 _GOOD = {RunState.PUBLISHED.value, "removed"}
-_BAD = {RunState.FAILED.value, "interrupted"}
-_PENDING = {state.value for state in journals.INTERRUPTED} | {"manual", "incomplete"}
+_BAD = {RunState.FAILED.value, "interrupted", "unreadable"}
+_PENDING = {state.value for state in journals.INTERRUPTED} | {"manual", "incomplete", "leftover"}
 
 
 @dataclasses.dataclass
@@ -263,7 +263,7 @@ def _incomplete(incomplete, style: Style) -> List[str]:
     for entry in incomplete:
         lines += [
             "",
-            *field(style.state("incomplete"), printable(entry["path"])),
+            *field(style.state(entry["kind"]), printable(entry["path"])),
             *wrap(printable(entry["why"]), "  "),
         ]
     return lines

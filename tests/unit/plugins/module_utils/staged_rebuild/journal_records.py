@@ -8,10 +8,12 @@ build (its request, its trees and one entry per module); ``retire_journal`` is a
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import paths
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild.journal import (
+    STATE_INVARIANTS,
     Journal,
     ModuleEntry,
     RunKind,
@@ -44,7 +46,10 @@ def rebuild_request(trees, modules=(APP,), run_id="run1", **fields) -> RebuildRe
 
 
 def publish_journal(runs_dir, run_id, trees, modules=(APP,), state=RunState.BUILDING, **request_fields):
-    """A publish run's journal in ``runs_dir`` (created if need be), one entry per module."""
+    """A publish run's journal in ``runs_dir`` (created if need be), one entry per module,
+    each with what a run in ``state`` always has (``journal.STATE_INVARIANTS``): its
+    live-change record, and once planned, the files and hashes planning writes and the
+    inodes of its stable and retired paths (0 for a path that does not exist)."""
     os.makedirs(runs_dir, exist_ok=True)
     request = rebuild_request(trees, modules, run_id, **request_fields)
     journal = Journal.create(
@@ -57,8 +62,30 @@ def publish_journal(runs_dir, run_id, trees, modules=(APP,), state=RunState.BUIL
         backend=request.backend,
     )
     journal.run.modules = [ModuleEntry.of(entry) for entry in request.module_paths(run_id)]
+    has = STATE_INVARIANTS[(RunKind.PUBLISH, state)].entry_fields
+    for entry in journal.modules:
+        if "live_record" in has and not request.skip_live_check:
+            entry.live_record = journal.write_file(entry.live_record_name(), b"{}\n")
+        if "prepared_module" in has:
+            plan(journal, entry)
     journal.save()
     return journal
+
+
+def plan(journal, entry, module_text=None):
+    """What planning writes into ``entry`` (``planner.plan``): the prepared module file, the
+    backup of the module file live before (``module_text``: by default one whose root is the
+    stable path) with both hashes, and the inodes of the stable and the retired path."""
+    prepared = f'local root = "{entry.stable_path}"\n'.encode()
+    entry.prepared_module = journal.write_file(entry.prepared_module_name(), prepared)
+    entry.new_module_sha256 = hashlib.sha256(prepared).hexdigest()
+    old = prepared if module_text is None else module_text.encode()
+    entry.module_backup = journal.write_file(entry.module_backup_name(), old)
+    entry.old_module_sha256 = hashlib.sha256(old).hexdigest()
+    entry.stage_ino, entry.live_ino = (
+        os.lstat(path).st_ino if os.path.lexists(path) else 0
+        for path in (entry.stable_path, entry.retired_path)
+    )
 
 
 def retire_journal(

@@ -19,7 +19,7 @@ import tempfile
 
 import pytest
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
+from ansible_collections.hpcstack.ops.plugins.module_utils.common import dirfd, errors
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import fsutil
 from tests.support.injected import directory_fsync_fails_with
 
@@ -82,12 +82,12 @@ def test_the_raw_syscall_path_swaps_like_the_libc_wrapper(tmp_path):
     _tree(tmp_path / "live", "old")
     _tree(tmp_path / "stage", "new")
     libc = ctypes.CDLL(None, use_errno=True)
-    renameat2 = fsutil._syscall_renameat2(libc, fsutil._SYS_RENAMEAT2[platform.machine()])
+    renameat2 = dirfd._syscall_renameat2(libc, dirfd._SYS_RENAMEAT2[platform.machine()])
 
     result = renameat2(
-        fsutil._AT_FDCWD,
+        dirfd._AT_FDCWD,
         os.fsencode(tmp_path / "stage"),
-        fsutil._AT_FDCWD,
+        dirfd._AT_FDCWD,
         os.fsencode(tmp_path / "live"),
         fsutil.RENAME_EXCHANGE,
     )

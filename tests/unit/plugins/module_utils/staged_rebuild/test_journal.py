@@ -136,8 +136,8 @@ def _trees(tmp_path):
     return paths.Trees(str(tmp_path / "apps" / "software"), str(tmp_path / "apps" / "modules"))
 
 
-def _create(runs, run_id="run1", **request_fields):
-    return publish_journal(runs, run_id, _trees(runs.parent), **request_fields)
+def _create(runs, run_id="run1", state=RunState.BUILDING, **request_fields):
+    return publish_journal(runs, run_id, _trees(runs.parent), state=state, **request_fields)
 
 
 def _on_disk(journal):
@@ -805,6 +805,240 @@ def test_load_refuses_a_step_whose_kind_name_or_field_is_wrong(tmp_path, field, 
     assert _refusal(tmp_path, _set(PREVIOUS_PUBLISH, f"steps[0].{field}", value)) == why
 
 
+# load: values no command can compute with, whatever the field
+
+UNUSABLE = [
+    # times whose offset carries them out of datetime's range, or past it with gc's grace
+    (
+        "created",
+        "0001-01-01T00:00:00+05:00",
+        "created is not between 1970 and 9000 UTC: '0001-01-01T00:00:00+05:00'",
+    ),
+    (
+        "state_since",
+        "9999-12-31T23:00:00-05:00",
+        "state_since is not between 1970 and 9000 UTC: '9999-12-31T23:00:00-05:00'",
+    ),
+    (
+        "updated",
+        "9999-12-31T00:00:00+00:00",
+        "updated is not between 1970 and 9000 UTC: '9999-12-31T00:00:00+00:00'",
+    ),
+    (
+        "steps[1].at",
+        "1969-12-31T23:59:59+00:00",
+        "steps[1].at is not between 1970 and 9000 UTC: '1969-12-31T23:59:59+00:00'",
+    ),
+    (
+        "resumed",
+        "9000-01-01T00:00:00+00:00",
+        "resumed is not between 1970 and 9000 UTC: '9000-01-01T00:00:00+00:00'",
+    ),
+    # surrogates that no bytes encode, in any string
+    ("backend", "install\ud800path", "backend holds U+D800, a lone surrogate that encodes no bytes"),
+    (
+        "request.eb_args",
+        ["TinyApp-1.0.eb", "--hooks=\udfff"],
+        "request.eb_args[1] holds U+DFFF, a lone surrogate that encodes no bytes",
+    ),
+    ("request.eb", "/opt/eb\udc00/bin/eb", "request.eb holds U+DC00, a lone surrogate that encodes no bytes"),
+    (
+        "modules[0].stable_path",
+        "/apps/software/TinyApp/\udbff",
+        "modules[0].stable_path holds U+DBFF, a lone surrogate that encodes no bytes",
+    ),
+    (
+        "modules[0].class_link_previous",
+        {"\ud800": None},
+        "modules[0].class_link_previous holds U+D800, a lone surrogate that encodes no bytes",
+    ),
+    # integers: inodes, offsets and counts are 64 bits, unsigned
+    ("modules[0].stage_ino", -1, "modules[0].stage_ino is -1, not an integer from 0 to 2**64 - 1"),
+    (
+        "steps[3].ledger_length",
+        2**64,
+        f"steps[3].ledger_length is {2**64}, not an integer from 0 to 2**64 - 1",
+    ),
+    ("relocated_files", -2, "relocated_files is -2, not an integer from 0 to 2**64 - 1"),
+    # the backend is a name of a closed set, not text
+    (
+        "backend",
+        "installpath\n\x1b[2Kremoved",
+        "backend 'installpath\\n\\x1b[2Kremoved' is not one of bwrap, userns, installpath",
+    ),
+    ("backend", "auto", "backend 'auto' is not one of bwrap, userns, installpath"),
+    (
+        "request.backend",
+        "bwrap\x07",
+        "request.backend 'bwrap\\x07' is not one of auto, bwrap, userns, installpath",
+    ),
+]
+
+
+@pytest.mark.parametrize(("where", "value", "why"), UNUSABLE, ids=[f"{w}={v!r}" for w, v, _why in UNUSABLE])
+def test_load_refuses_a_value_no_command_can_compute_with(tmp_path, where, value, why):
+    assert _refusal(tmp_path, _set(PREVIOUS_PUBLISH, where, value)) == why
+
+
+def test_load_refuses_a_lone_surrogate_in_a_retire_s_reason(tmp_path):
+    # Rollback once moved the module file back, then died printing the reason.
+    assert _refusal(tmp_path, _with(PREVIOUS_RETIRE, reason="moved \ud800")) == (
+        "reason holds U+D800, a lone surrogate that encodes no bytes"
+    )
+
+
+USABLE = [
+    # the ends of the range, with offsets
+    ("created", "1970-01-01T00:00:00+00:00"),
+    ("created", "1970-01-01T05:00:00+05:00"),
+    ("state_since", "8999-12-31T23:59:59.999999+00:00"),
+    ("state_since", "8999-12-31T20:00:00-03:00"),
+    # a path's undecodable byte, as Python names it (U+DC80..U+DCFF): the tool writes those
+    ("request.eb", "/opt/eb-\udcff/bin/eb"),
+    ("modules[0].class_links", ["tools"]),
+    ("relocated_files", 2**64 - 1),
+    ("modules[0].stage_ino", 0),
+]
+
+
+@pytest.mark.parametrize(("where", "value"), USABLE, ids=[f"{w}={v!r}" for w, v in USABLE])
+def test_load_accepts_values_at_the_edges_of_what_the_commands_compute_with(tmp_path, where, value):
+    path = _write(tmp_path / "journal.json", _set(PREVIOUS_PUBLISH, where, value))
+
+    loaded = records.dump(journals.Journal.load(str(path)).run)
+
+    holder, key = _place(loaded, where)
+    assert holder[key] == value
+
+
+def test_load_keeps_control_characters_in_the_reason_and_easybuild_s_arguments(tmp_path):
+    """The administrator's own text: a reason may hold a newline, an EasyBuild argument any
+    character the command line took. The journal keeps them as given; what prints them for
+    people escapes them (text.py)."""
+    reason = "moved to /cvmfs\nsee ticket\t42\x1b[2K"
+    eb_args = ["TinyApp-1.0.eb", "--modules-header=line one\nline two\r"]
+    retire_path = _write(tmp_path / "retire" / "journal.json", _with(PREVIOUS_RETIRE, reason=reason))
+    publish_path = _write(
+        tmp_path / "publish" / "journal.json", _set(PREVIOUS_PUBLISH, "request.eb_args", eb_args)
+    )
+
+    assert journals.Journal.load(str(retire_path)).run.reason == reason
+    assert journals.Journal.load(str(publish_path)).run.request.eb_args == eb_args
+
+
+# load: what a run in each state always has (journal.STATE_INVARIANTS), written here apart
+# from the code's table
+
+PLANNED = [
+    "live_record",
+    "prepared_module",
+    "new_module_sha256",
+    "module_backup",
+    "old_module_sha256",
+    "stage_ino",
+    "live_ino",
+]
+ALWAYS_HAS = {
+    "building": ["live_record"],
+    "planning": ["live_record"],
+    "publishing": PLANNED,
+    "published": PLANNED,
+    "rolling_back": PLANNED,
+    "rolled_back": PLANNED,
+    "failed": [],
+}
+# When an entry may lack the field all the same.
+UNLESS = {
+    "live_record": " unless its request skipped the live-change check",
+    "module_backup": " unless old_module_sha256 is null too",
+    "old_module_sha256": " unless module_backup is null too",
+}
+LOST = [(state, field) for state, fields in ALWAYS_HAS.items() for field in fields]
+
+
+def test_the_invariants_table_is_the_one_these_tests_check():
+    table = {
+        state.value: set(invariant.entry_fields)
+        for (kind, state), invariant in journals.STATE_INVARIANTS.items()
+        if kind is RunKind.PUBLISH
+    }
+
+    assert table == {state: set(fields) for state, fields in ALWAYS_HAS.items()}
+    assert {state for (kind, state) in journals.STATE_INVARIANTS if kind is RunKind.RETIRE} == {
+        RunState.RETIRING,
+        RunState.RETIRED,
+        RunState.ROLLED_BACK,
+    }
+
+
+@pytest.mark.parametrize(("state", "field"), LOST, ids=[f"{s}-{f}" for s, f in LOST])
+def test_a_run_that_lost_a_field_its_state_always_has_is_refused_naming_it(tmp_path, state, field):
+    document = _set(_with(PREVIOUS_PUBLISH, state=state), f"modules[0].{field}", None)
+
+    assert _refusal(tmp_path, document) == (
+        f"modules[0].{field} is missing (a publish run in state {state} has it{UNLESS.get(field, '')})"
+    )
+
+
+@pytest.mark.parametrize("state", list(ALWAYS_HAS))
+def test_a_run_with_what_its_state_has_loads_and_may_lack_the_rest(tmp_path, state):
+    document = _with(PREVIOUS_PUBLISH, state=state)
+    for field in set(PLANNED) - set(ALWAYS_HAS[state]):
+        document = _set(document, f"modules[0].{field}", None)
+    path = _write(tmp_path / "journal.json", document)
+
+    assert journals.Journal.load(str(path)).run.state is RunState(state)
+
+
+@pytest.mark.parametrize("state", ["planning", "publishing", "published", "rolling_back", "rolled_back"])
+def test_a_run_past_building_without_a_module_is_refused(tmp_path, state):
+    document = _with(PREVIOUS_PUBLISH, state=state, modules=[], steps=[])
+
+    assert _refusal(tmp_path, document) == (
+        f"modules is empty (a publish run in state {state} has at least one module)"
+    )
+
+
+@pytest.mark.parametrize("state", ["building", "failed"])
+def test_a_run_stopped_before_its_module_list_was_saved_loads(tmp_path, state):
+    path = _write(tmp_path / "journal.json", _with(PREVIOUS_PUBLISH, state=state, modules=[], steps=[]))
+
+    assert journals.Journal.load(str(path)).run.modules == []
+
+
+def test_a_published_run_that_skipped_the_live_check_has_no_live_record(tmp_path):
+    document = _set(PREVIOUS_PUBLISH, "request.skip_live_check", True)
+    document = _set(_with(document, state="published"), "modules[0].live_record", None)
+    path = _write(tmp_path / "journal.json", document)
+
+    assert journals.Journal.load(str(path)).run.modules[0].live_record is None
+
+
+def test_a_published_run_of_a_module_that_had_no_module_file_before_has_no_backup(tmp_path):
+    document = _with(PREVIOUS_PUBLISH, state="published")
+    for field in ("module_backup", "old_module_sha256"):
+        document = _set(document, f"modules[0].{field}", None)
+    path = _write(tmp_path / "journal.json", document)
+
+    (entry,) = journals.Journal.load(str(path)).run.modules
+    assert (entry.module_backup, entry.old_module_sha256) == (None, None)
+
+
+def test_a_published_run_whose_backup_fields_are_both_gone_but_whose_backup_is_there_is_refused(runs):
+    journal = _create(runs, state=RunState.PUBLISHED)
+    (entry,) = journal.modules
+    backup = entry.module_backup
+    entry.module_backup = entry.old_module_sha256 = None
+    journal.save()
+
+    with pytest.raises(errors.JournalError) as raised:
+        journals.Journal.load(journal.path)
+
+    assert str(raised.value) == (
+        f"journal {journal.path}: modules[0].module_backup is missing, but the run's backup {backup} exists"
+    )
+
+
 def test_load_refuses_a_run_id_that_is_not_its_directory_s_name(runs):
     path = _write(runs / "run1" / "journal.json", PREVIOUS_PUBLISH)
 
@@ -1064,7 +1298,7 @@ def test_saves_without_a_state_change_keep_state_since(runs):
 
 
 def test_save_leaves_no_temporary_file_beside_the_journal(runs):
-    journal = _create(runs)
+    journal = _create(runs, skip_live_check=True)  # no live-change record beside it either
 
     for kind in (StepKind.BUILD, StepKind.RELOCATE, StepKind.LEDGER):
         journal.begin(StepName(kind)).done()
@@ -1143,9 +1377,8 @@ def test_the_crash_hook_ignores_other_steps(runs, tmp_path):
 
 
 def _created(runs, run_id, created, state=RunState.PUBLISHED):
-    journal = _create(runs, run_id)
+    journal = _create(runs, run_id, state)
     journal.run.created = created
-    journal.run.state = state
     journal.save()
     return journal
 
@@ -1209,15 +1442,69 @@ def test_run_journals_skips_a_run_directory_without_a_journal_and_incomplete_nam
     assert "remove it by hand" in found["why"]
 
 
-def test_run_journals_skips_a_hidden_run_being_created_and_incomplete_does_not_list_it(runs, tmp_path):
+def _plant_link(runs, name, tmp_path):
+    """A link named as a run, to a directory holding a journal that would load."""
+    elsewhere = tmp_path / "elsewhere"
+    _create(elsewhere, "forged")
+    (runs / name).symlink_to(elsewhere / "forged")
+
+
+# What else than a run ``runs/`` may hold, how it is made, and what ``incomplete`` says it is:
+# (name, make, run_id, kind, words of its why). A partial list never hides a run: each is listed.
+UNLISTED = [
+    (".creating-abc123", lambda runs, name, tmp: (runs / name).mkdir(), None, "leftover", "interrupted"),
+    (
+        ".creating-def456",
+        lambda runs, name, tmp: _write(runs / name / "journal.json", b"{"),  # half written: never loaded
+        None,
+        "leftover",
+        "remove it by hand",
+    ),
+    ("run2", _plant_link, "run2", "unreadable", "a symbolic link where a run directory should be"),
+    ("run3", lambda runs, name, tmp: (runs / name).symlink_to(tmp / "gone"), "run3", "unreadable", "link"),
+    ("run4", lambda runs, name, tmp: (runs / name).write_text("x"), "run4", "unreadable", "not a directory"),
+    (".hidden", lambda runs, name, tmp: (runs / name).mkdir(), None, "unreadable", "no run id"),
+    (
+        ".creating-x",
+        lambda runs, name, tmp: (runs / name).write_text(""),
+        None,
+        "unreadable",
+        "not a directory",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", UNLISTED, ids=[entry[0] + "-" + entry[3] for entry in UNLISTED])
+def test_what_is_not_a_run_is_never_loaded_and_incomplete_lists_it(runs, tmp_path, case):
+    name, make, run_id, kind, words = case
     _create(runs, "good")
-    (runs / ".creating-abc123").mkdir()
-    _write(runs / ".creating-def456" / "journal.json", b"{")  # half written: never loaded
+    make(runs, name, tmp_path)
 
     journals.check_all(str(tmp_path))
 
     assert [journal.run_id for journal in journals.run_journals(str(tmp_path))] == ["good"]
-    assert journals.incomplete(str(tmp_path)) == []
+    (found,) = journals.incomplete(str(tmp_path))
+    assert (found["path"], found["run_id"], found["kind"]) == (str(runs / name), run_id, kind)
+    assert words in found["why"]
+    assert "by hand" in found["why"]
+
+
+@pytest.mark.parametrize(
+    ("make", "why"),
+    [
+        (_plant_link, "is a symbolic link where a run directory should be"),
+        (lambda runs, name, tmp: (runs / name).write_text("x"), "is not a directory, so no run"),
+    ],
+    ids=["link", "file"],
+)
+def test_find_refuses_a_run_id_that_is_no_run_directory_in_one_line(runs, tmp_path, make, why):
+    make(runs, "run2", tmp_path)
+
+    with pytest.raises(errors.JournalError) as raised:
+        journals.find(str(tmp_path), "run2")
+
+    assert str(raised.value).startswith(f"run run2: {runs / 'run2'} {why}")
+    assert "\n" not in str(raised.value)
 
 
 def test_a_complete_state_root_has_nothing_incomplete(runs, tmp_path):
@@ -1352,7 +1639,8 @@ def test_a_tcl_module_file_and_the_files_named_after_it_pass():
 
 
 def test_an_entry_without_its_optional_files_passes():
-    document = copy.deepcopy(PREVIOUS_PUBLISH)
+    # A failed run, which may have stopped before any of them was written.
+    document = _with(PREVIOUS_PUBLISH, state="failed")
     for field in ("live_record", "prepared_module", "module_backup"):
         document["modules"][0][field] = None
 

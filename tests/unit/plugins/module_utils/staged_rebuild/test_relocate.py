@@ -23,6 +23,7 @@ import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import relocate
+from tests.support.deep import nest
 
 RUN_ID = "run1"
 OLD_TIME_NS = 1_000_000_000 * 1_000_000_000  # 2001-09-09, far from "now"
@@ -620,3 +621,32 @@ def test_a_file_that_is_no_longer_regular_when_opened_is_refused_not_read(tmp_pa
         relocate._read_if_named(str(path), rewrites)
 
     assert str(raised.value) == f"{path} in the staged install is no longer a regular file"
+
+
+# deep stages: the walk keeps its own stack
+
+
+def test_a_file_1050_directories_down_the_stage_is_rewritten(deep_scratch):
+    site = Site(deep_scratch / "apps")
+    nest(site.stage, 1_100)  # deeper than Python recurses
+    level = site.stage.joinpath(*["d"] * 1_050)  # a path of some 2,200 bytes: one the kernel resolves
+    (level / "tiny.pc").write_text(f"prefix={site.generation}/software/Tiny/1.0\n")
+
+    rewritten, binaries = site.relocate()
+
+    assert rewritten == [str(level / "tiny.pc")]
+    assert binaries == []
+    assert (level / "tiny.pc").read_text() == f"prefix={site.software}/Tiny/1.0\n"
+
+
+def test_a_stage_nested_past_what_a_path_can_name_is_refused_not_passed_over(deep_scratch):
+    site = Site(deep_scratch / "apps")
+    nest(site.stage, 20, name="x" * 250)  # past PATH_MAX (4,096 bytes)
+
+    with pytest.raises(errors.UsageError) as raised:
+        site.relocate()
+
+    assert str(raised.value).startswith(
+        f"{site.stage} holds directories nested too deep for their paths to be named ("
+    )
+    assert str(raised.value).endswith(" bytes); nothing was swapped")

@@ -10,14 +10,16 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
+from ansible_collections.hpcstack.ops.plugins.module_utils.common import dirfd, errors
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import fsutil
+from tests.support.deep import nest
 from tests.support.staged import snapshot
 
 AS_USER = r"""
@@ -207,3 +209,143 @@ def test_the_build_user_cannot_remove_a_tree_it_does_not_own(
     assert done.returncode != 0
     assert "PermissionError" in done.stderr
     assert snapshot(tree) == before
+
+
+# deep trees: the walk keeps its own stack, within a few descriptors
+
+# A child that removes a tree under a low RLIMIT_NOFILE: argv is (limit, path, root).
+UNDER_LIMIT = r"""
+import resource, sys
+from hpcstack_ops.staged_rebuild import fsutil
+limit = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+fsutil.remove_tree(sys.argv[2], root=sys.argv[3])
+"""
+
+
+def test_remove_tree_removes_a_chain_deeper_than_python_recurses(deep_scratch):
+    tree = deep_scratch / "software" / "Tiny" / ".1.0.run1"
+    tree.mkdir(parents=True)
+    nest(tree, 1_500)
+    tree.chmod(0o555)  # sealed, as --read-only-installdir leaves an install
+
+    fsutil.remove_tree(str(tree), root=str(deep_scratch / "software"))
+
+    assert os.listdir(deep_scratch / "software" / "Tiny") == []
+
+
+def test_remove_tree_of_a_deep_chain_stays_within_a_low_descriptor_limit(deep_scratch, package_dir):
+    tree = deep_scratch / "software" / "Tiny" / ".1.0.run1"
+    tree.mkdir(parents=True)
+    nest(tree, 400)
+    env = dict(os.environ, PYTHONPATH=str(package_dir))
+
+    done = subprocess.run(
+        [sys.executable, "-c", UNDER_LIMIT, "32", str(tree), str(deep_scratch / "software")],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert os.listdir(deep_scratch / "software" / "Tiny") == []
+
+
+def test_the_descriptor_budget_is_a_sixteenth_of_the_limit_between_2_and_64(monkeypatch):
+    limits = {1024: 64, 65536: 64, 512: 32, 32: 2, 8: 2}
+    found = {}
+    for soft, _budget in limits.items():
+        monkeypatch.setattr(dirfd.resource, "getrlimit", lambda which, soft=soft: (soft, soft))
+        found[soft] = dirfd._descriptor_budget()
+    monkeypatch.setattr(dirfd.resource, "getrlimit", lambda which: (dirfd.resource.RLIM_INFINITY,) * 2)
+
+    assert found == limits
+    assert dirfd._descriptor_budget() == 64
+
+
+class _MoveDuringRemoval:
+    """Calls ``move(levels)`` once, when the removal enters the directory ``depth`` levels
+    below the top: a rename another user makes at that moment. The moment cannot be timed
+    from outside the process; the racing attacker of another uid in test_staged_races does
+    it for real, at random moments."""
+
+    def __init__(self, monkeypatch, depth, move):
+        real_enter = dirfd._Removal._enter
+        self.moved = False
+
+        def enter(removal, parent_fd, name, where):
+            real_enter(removal, parent_fd, name, where)
+            if len(removal.levels) == depth + 1 and not self.moved:
+                self.moved = True
+                move(removal)
+
+        monkeypatch.setattr(dirfd._Removal, "_enter", enter)
+        # Two levels held below the top: the levels above the deepest two are let go.
+        monkeypatch.setattr(dirfd, "_descriptor_budget", lambda: 2)
+
+
+def _chain_path(top, depth):
+    """The path of the level ``depth`` below ``top`` (short enough to name)."""
+    return top.joinpath(*["d"] * depth)
+
+
+def _outside(base):
+    """A world-writable sticky directory beside the tree with root's files: what a '..'
+    climbed out of a moved directory would reach."""
+    outside = base / "outside"
+    (outside / "victim-dir").mkdir(parents=True)
+    (outside / "victim-dir" / "keep").write_text("keep\n")
+    (outside / "victim-file").write_text("keep too\n")
+    outside.chmod(0o1777)
+    return outside
+
+
+def test_a_directory_moved_out_of_the_tree_during_removal_is_emptied_and_nothing_beside_it_is(
+    deep_scratch, monkeypatch
+):
+    tree = deep_scratch / "software" / "Tiny" / ".1.0.run1"
+    tree.mkdir(parents=True)
+    nest(tree, 30)
+    outside = _outside(deep_scratch)
+    before = snapshot(outside)
+    moved = outside / "moved"
+    # Level 5 goes, with what is below it, into the sticky directory while the walk is at 20.
+    _MoveDuringRemoval(monkeypatch, 20, lambda removal: os.rename(_chain_path(tree, 5), moved))
+
+    fsutil.remove_tree(str(tree), root=str(deep_scratch / "software"))
+
+    assert not os.path.lexists(tree)
+    assert os.listdir(moved) == []  # emptied: it was the tree's when the walk reached it
+    moved.rmdir()
+    assert snapshot(outside) == before
+
+
+def test_a_level_replaced_during_removal_stops_it_in_one_line_and_nothing_else_goes(
+    deep_scratch, monkeypatch
+):
+    tree = deep_scratch / "software" / "Tiny" / ".1.0.run1"
+    tree.mkdir(parents=True)
+    nest(tree, 30)
+    outside = _outside(deep_scratch)
+
+    def replace(removal):
+        # Level 8 moves out, so its '..' is elsewhere and the walk goes down again by name
+        # from the top; and level 3's name now holds another directory with a file in it.
+        os.rename(_chain_path(tree, 8), outside / "moved")
+        os.rename(_chain_path(tree, 3), deep_scratch / "level-3")
+        _chain_path(tree, 3).mkdir()
+        (_chain_path(tree, 3) / "keep").write_text("another directory\n")
+
+    _MoveDuringRemoval(monkeypatch, 20, replace)
+    before = snapshot(outside / "victim-dir")
+
+    with pytest.raises(errors.UsageError) as raised:
+        fsutil.remove_tree(str(tree), root=str(deep_scratch / "software"))
+
+    assert str(raised.value) == (
+        f"{_chain_path(tree, 3)} was replaced while its tree was being removed; the removal stopped"
+    )
+    assert (_chain_path(tree, 3) / "keep").read_text() == "another directory\n"
+    assert snapshot(outside / "victim-dir") == before
+    assert (outside / "victim-file").read_text() == "keep too\n"
