@@ -59,6 +59,14 @@ def nest(install, levels):
     os.close(fd)
 
 
+def wait_at_gate(gate):
+    """A test holds the build here, and so the run and its lock, for as long as it needs."""
+    if gate:
+        open(os.path.join(gate, "started"), "w").close()
+        while not os.path.exists(os.path.join(gate, "go")):
+            time.sleep(0.02)
+
+
 def main(argv):
     if os.environ.get("FAKE_EB_ARGS_LOG"):
         with open(os.environ["FAKE_EB_ARGS_LOG"], "a") as log:
@@ -77,12 +85,8 @@ def main(argv):
     if os.environ.get("FAKE_EB_WRITE_OUTSIDE"):
         with open(os.environ["FAKE_EB_WRITE_OUTSIDE"], "w") as escaped:
             escaped.write("written outside the install path\n")
-    gate = os.environ.get("FAKE_EB_GATE")
-    if gate and easyconfigs:
-        # A test holds the build here, and so the run and its lock, for as long as it needs.
-        open(os.path.join(gate, "started"), "w").close()
-        while not os.path.exists(os.path.join(gate, "go")):
-            time.sleep(0.02)
+    if easyconfigs:
+        wait_at_gate(os.environ.get("FAKE_EB_GATE"))
     for easyconfig in easyconfigs:
         match = re.match(r"^(?:.*/)?([^/-]+)-(.+)\.eb$", easyconfig)
         if not match:

@@ -244,7 +244,8 @@ def test_the_verbose_detail_shows_a_hostile_prefix_escaped_on_its_one_line():
     assert (
         stderr
         == (
-            f"eessi-arch-guard: no eessi_archdetect.sh in /nonexistent/{hostile.SHOWN}/init/eessi_archdetect.sh\n"
+            "eessi-arch-guard: no eessi_archdetect.sh in "
+            f"/nonexistent/{hostile.SHOWN}/init/eessi_archdetect.sh\n"
         ).encode()
     )
 
