@@ -5,8 +5,10 @@
     .venv/bin/python tools/gates.py pytest -- -k smoke  # arguments after -- go to pytest
 
 Every gate runs even when an earlier one failed, so one run shows every problem; the exit
-status is 1 when any gate failed. The summary ends with pytest's ten slowest tests, so a
-change that slows the suite shows in every run.
+status is 1 when any gate failed. The summary ends with pytest's ten slowest tests, the ten
+test files that cost the most CPU seconds (summed over the pytest gates: the two cores are
+the limit of a run, see tests/support/cputime.py) and the run's wall time, so a change that
+slows the suite shows in every run.
 
 The two static gates that take a minute on one core (ansible-sanity, ansible-lint) run in
 the background while pytest runs, when both are selected: pytest's workers leave about a
@@ -27,9 +29,13 @@ leaves them out.
 from __future__ import annotations
 
 import io
+import json
+import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -39,6 +45,9 @@ from typing import IO, Optional
 import checkout
 
 REPO = checkout.REPO
+sys.path.insert(0, str(REPO))
+from tests.support import cputime  # noqa: E402
+
 PYTHON = sys.executable
 PYTEST = [PYTHON, "-m", "pytest", "-p", "xdist", "-n", "auto", "--dist", "loadgroup"]
 # Two workers, a test file at a time each: a file's tests share the cluster its worker made.
@@ -75,7 +84,12 @@ def _shell_scripts() -> list[str]:
     return scripts
 
 
-def gates(pytest_args: list[str]) -> list[Gate]:
+def gates(pytest_args: list[str], reports: Path) -> list[Gate]:
+    """The gates in order; each pytest gate writes its test files' CPU seconds into ``reports``."""
+
+    def cpu(name: str) -> str:
+        return f"--cpu-report={reports / name}.json"
+
     return [
         Gate("shellcheck", ["shellcheck", *_shell_scripts()], "shell scripts"),
         Gate("ruff-check", [PYTHON, "-m", "ruff", "check", "."], "lint"),
@@ -87,17 +101,17 @@ def gates(pytest_args: list[str]) -> list[Gate]:
         Gate("ansible-lint", ["bash", "tools/ansible-lint.sh"], "ansible-lint, production profile"),
         Gate(
             "pytest",
-            [*PYTEST, "-m", "not cluster", f"--durations={SLOWEST}", *pytest_args],
+            [*PYTEST, "-m", "not cluster", f"--durations={SLOWEST}", cpu("pytest"), *pytest_args],
             "unit and integration tests",
         ),
         Gate(
             "other-cpu",
-            [PYTHON, "testbed/simulate_cpu.py", "--", *PYTEST, *HOST_DEPENDENT],
+            [PYTHON, "testbed/simulate_cpu.py", "--", *PYTEST, cpu("other-cpu"), *HOST_DEPENDENT],
             "the host-dependent tests again, this machine's CPU simulated as another vendor's",
         ),
         Gate(
             "cluster",
-            [*CLUSTER_PYTEST, "-m", "cluster", f"--durations={SLOWEST}", *pytest_args],
+            [*CLUSTER_PYTEST, "-m", "cluster", f"--durations={SLOWEST}", cpu("cluster"), *pytest_args],
             "the fleet tests, on a namespace cluster of several hosts (testbed/cluster.py)",
         ),
     ]
@@ -153,12 +167,40 @@ class _Background:
         return self.results[gate.name]
 
 
+def _cpu_by_file(reports: Path) -> tuple[dict[str, float], dict[str, int], set[str]]:
+    """The CPU seconds and test counts of each test file, summed over the pytest gates' reports."""
+    seconds: dict[str, float] = {}
+    tests: dict[str, int] = {}
+    clocks: set[str] = set()
+    for report in sorted(reports.glob("*.json")):
+        loaded = json.loads(report.read_text())
+        clocks.update(loaded["clock"])
+        for name, (used, count) in loaded["files"].items():
+            seconds[name] = seconds.get(name, 0.0) + used
+            tests[name] = tests.get(name, 0) + count
+    return seconds, tests, clocks
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)} min {seconds % 60:.0f} s"
+
+
 def main(argv: list[str]) -> int:
+    # The Makefile passes when `make test` started, so that the bootstrap counts too.
+    started = float(os.environ.get("HPCSTACK_MAKE_STARTED") or time.time())
+    reports = Path(tempfile.mkdtemp(prefix="hpcstack-gates-"))
+    try:
+        return _main(argv, reports, started)
+    finally:
+        shutil.rmtree(reports, ignore_errors=True)
+
+
+def _main(argv: list[str], reports: Path, started: float) -> int:
     pytest_args: list[str] = []
     if "--" in argv:
         pytest_args = argv[argv.index("--") + 1 :]
         argv = argv[: argv.index("--")]
-    selected = gates(pytest_args)
+    selected = gates(pytest_args, reports)
     unknown = sorted(set(argv) - {gate.name for gate in selected})
     if unknown:
         sys.stderr.write(
@@ -182,7 +224,12 @@ def main(argv: list[str]) -> int:
             results.extend((other, *background.result(other)) for other in beside)
     order = {gate.name: index for index, gate in enumerate(selected)}
     results.sort(key=lambda result: order[result[0].name])
+    return _summary(results, reports, started)
 
+
+def _summary(results, reports: Path, started: float) -> int:
+    """Print a line per gate, the slowest tests, the costliest test files and the wall time;
+    return the exit status of the run."""
     print("\n==> summary")
     for gate, status, last, seconds, _slowest in results:
         verdict = "passed" if status == 0 else f"FAILED (exit {status})"
@@ -192,11 +239,17 @@ def main(argv: list[str]) -> int:
         print(f"\n==> the {SLOWEST} slowest tests")
         for line in slowest:
             print(f"  {line}")
+    seconds, tests, clocks = _cpu_by_file(reports)
+    if seconds:
+        print(f"\n==> the {SLOWEST} test files with the most CPU seconds")
+        for line in cputime.table(seconds, tests, SLOWEST, clocks):
+            print(f"  {line}")
+    took = _minutes(time.time() - started)
     failed = [gate.name for gate, status, _last, _seconds, _slowest in results if status != 0]
     if failed:
-        print(f"make test: {len(failed)} of {len(results)} gates failed: {', '.join(failed)}")
+        print(f"make test: {len(failed)} of {len(results)} gates failed: {', '.join(failed)}; {took}")
         return 1
-    print(f"make test: all {len(results)} gates passed")
+    print(f"make test: all {len(results)} gates passed in {took}")
     return 0
 
 
