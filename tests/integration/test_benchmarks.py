@@ -50,7 +50,7 @@ def _row_names(case, run):
     return [name for name, _factory in run._subjects(case)]
 
 
-def _run_once(stem):
+def _assert_runs_once(stem):
     done = subprocess.run(
         [sys.executable, str(RUN), "--once", stem],
         cwd=checkout.REPO,
@@ -65,7 +65,7 @@ def _run_once(stem):
     return done.stdout
 
 
-def _check_rows(stem, stdout):
+def _assert_every_row(stem, stdout):
     run = importlib.import_module("run")
     cases = _cases(stem)
     assert cases, f"{stem} has no cases"
@@ -87,8 +87,8 @@ def _window_cells(stdout, method):
 
 @pytest.mark.parametrize("stem", ON_THIS_HOST)
 def test_the_benchmark_runs_once_at_its_smallest_size_and_prints_every_row(stem, bench_path):
-    stdout = _run_once(stem)
-    _check_rows(stem, stdout)
+    stdout = _assert_runs_once(stem)
+    _assert_every_row(stem, stdout)
     if stem == "bench_publish_window":
         (case,) = _cases(stem)
         method, _cycles, _time, reads, missing, partial, longest, _ratio = _window_cells(
@@ -103,5 +103,5 @@ def test_the_benchmark_runs_once_at_its_smallest_size_and_prints_every_row(stem,
 @pytest.mark.cluster
 @pytest.mark.xdist_group("cluster")
 def test_the_fleet_benchmark_runs_once_on_its_smallest_cluster_and_prints_every_row(bench_path):
-    stdout = _run_once(FLEET)
-    _check_rows(FLEET, stdout)
+    stdout = _assert_runs_once(FLEET)
+    _assert_every_row(FLEET, stdout)
