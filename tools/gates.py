@@ -74,12 +74,8 @@ def _marked(marker: str) -> list[str]:
     that write ``mark.<marker>``, so that pytest collects those alone. Collecting every file
     to keep 8 tests would cost each worker the collection-time work of the whole suite (the
     fault matrices count their write points then): seconds of CPU, for nothing."""
-    files = []
-    for name in checkout.tracked_files():
-        path = Path(name)
-        if path.parts[0] == "tests" and path.name.startswith("test_") and path.suffix == ".py":
-            if f"mark.{marker}" in (REPO / name).read_text():
-                files.append(name)
+    tests = [name for name in checkout.tracked_files() if re.fullmatch(r"tests/(.*/)?test_[^/]*\.py", name)]
+    files = [name for name in tests if f"mark.{marker}" in (REPO / name).read_text()]
     return ["-m", f"{marker} and not cluster", *files]
 
 
