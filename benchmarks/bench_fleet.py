@@ -194,4 +194,9 @@ def measure(size: int) -> dict:
         return seconds
 
 
-CASES = [FleetCase("fleet", SIZES, [PING, COPY], STEPS, measure, legend=LEGEND)]
+# ``run.py --once``: two compute nodes, the fewest that give the rollout a canary and a batch.
+SMALLEST_SIZES = (2,)
+
+CASES = [
+    FleetCase("fleet", SIZES, [PING, COPY], STEPS, measure, legend=LEGEND, smallest={"sizes": SMALLEST_SIZES})
+]

@@ -24,6 +24,8 @@ from benchlib import Case
 from hpcstack_ops.staged_rebuild import fsutil
 
 FILES = 20_000
+# The tree of ``run.py --once``: every kind of file and link, a few of each.
+SMALLEST_FILES = 300
 ROUNDS = 5
 SEED = 4
 # (directory, files per leaf directory, suffix): the bulk of the small files.
@@ -73,8 +75,8 @@ def _write_big(root, rng, contents):
     return _LIBRARIES + _EXECUTABLES
 
 
-def make_tree(root):
-    """Write the benchmark's install tree at ``root`` (``FILES`` regular files); return it."""
+def make_tree(root, files=FILES):
+    """Write the benchmark's install tree at ``root`` (``files`` regular files); return it."""
     rng = random.Random(SEED)  # noqa: S311 - reproducible sizes and contents, not secrets
     contents = _Bytes(rng)
     written = _write_big(root, rng, contents)
@@ -84,12 +86,12 @@ def make_tree(root):
         contents.write(os.path.join(easybuild, name), _small_size(rng))
     written += 3
     package = 0
-    while written < FILES:
+    while written < files:
         pattern, count, suffix = _SMALL[package % len(_SMALL)]
         group = package // len(_SMALL)  # a package's modules and their bytecode share a directory
         directory = os.path.join(root, pattern.format(group, group % 7))
         os.makedirs(directory, exist_ok=True)
-        for index in range(min(count, FILES - written)):
+        for index in range(min(count, files - written)):
             name = f"f{package}_{index}{suffix}"
             contents.write(os.path.join(directory, name), _small_size(rng))
             if suffix == ".3" and index % 10 == 0:  # man pages documented under a second name
@@ -99,8 +101,12 @@ def make_tree(root):
     return root
 
 
-def _shared_tree(scratch):
-    return make_tree(scratch / "Tiny" / "1.0")
+def _shared_tree(scratch, files=FILES):
+    return make_tree(scratch / "Tiny" / "1.0", files)
+
+
+def _smallest_tree(scratch):
+    return _shared_tree(scratch, SMALLEST_FILES)
 
 
 def tree_digest(_scratch, tree):
@@ -121,5 +127,6 @@ CASES = [
         find_sha256sum,
         rounds=ROUNDS,
         setup=_shared_tree,
+        smallest={"name": f"live_check: tree_digest, {SMALLEST_FILES} files", "setup": _smallest_tree},
     )
 ]

@@ -19,6 +19,11 @@ at each size, a step's ratio to the floor of the same cluster (the sum of the fl
 any play to these hosts costs at the least), and the growth from the smallest size to the
 largest, beside the step's goals.
 
+Every kind of case also runs once at its smallest size (``run.py --once``; ``make test``
+does, so that a change that breaks a benchmark's code path fails there): one round, one
+cycle, its first size. A case's ``smallest`` names what else to change for that run (a
+smaller tree to make, the cycles that reach every path of a method), as field values.
+
 A ``WindowCase`` measures what a reader of a live path sees while a tree there is replaced
 and put back ``cycles`` times. Each ``Method`` (the subject, then each baseline) gets a
 fresh scratch directory, in which its ``setup`` makes the live tree and returns a
@@ -31,7 +36,7 @@ to the end of the last.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -60,6 +65,8 @@ class Case:
     # factories' second argument (the one tree both sides read, say).
     setup: Optional[Callable[[Path], Any]] = None
     clock: str = WALL
+    # The run of ``run.py --once``, beyond one round (one cycle, the first size): field values.
+    smallest: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,8 @@ class Comparison:
     rounds: int = 3
     setup: Optional[Callable[[Path], Any]] = None
     clock: str = WALL
+    # The run of ``run.py --once``, beyond one round (one cycle, the first size): field values.
+    smallest: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -104,6 +113,8 @@ class FleetCase:
     measure: Callable[[int], Mapping[str, float]]
     # Printed above the table: what the sizes count, the connection settings.
     legend: str = ""
+    # The run of ``run.py --once``, beyond one round (one cycle, the first size): field values.
+    smallest: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -139,3 +150,5 @@ class WindowCase:
     subject: Method
     baselines: Sequence[Method]
     cycles: int = 200
+    # The run of ``run.py --once``, beyond one round (one cycle, the first size): field values.
+    smallest: Mapping[str, Any] = field(default_factory=dict)

@@ -1,6 +1,10 @@
 """`make bench`: run every benchmarks/bench_*.py and print each case beside its baseline.
 
-    .venv/bin/python benchmarks/run.py [NAME-SUBSTRING ...]
+    .venv/bin/python benchmarks/run.py [--once] [NAME-SUBSTRING | bench_FILE ...]
+
+``--once`` runs every case once at its smallest size (``benchlib``): the tables are printed
+as usual, their figures mean nothing. ``make test`` runs each benchmark so
+(``tests/integration/test_benchmarks.py``), so that a change that breaks one fails there.
 
 Timing cases (``Case``, and ``Comparison`` with a row per subject) make the first table.
 The ratio is subject median / baseline median from the same run: below 1 the subject is
@@ -17,6 +21,7 @@ each method runs for its own time and so gets its own number of reads.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import multiprocessing
 import os
@@ -252,13 +257,29 @@ longest window: from the start of the first to the end of the last of consecutiv
 ratio: the subject's longest window / the baseline's, same run (0.00: the subject left none)."""
 
 
+def at_smallest(case):
+    """``case`` as ``--once`` runs it: one round, one cycle or its first size, and what its
+    ``smallest`` changes beyond that."""
+    if isinstance(case, FleetCase):
+        once = {"sizes": tuple(case.sizes[:1])}
+    elif isinstance(case, WindowCase):
+        once = {"cycles": 1}
+    else:
+        once = {"rounds": 1}
+    return dataclasses.replace(case, **{**once, **case.smallest})
+
+
 def main(argv: list[str]) -> int:
+    once = "--once" in argv
+    words = [word for word in argv if word != "--once"]
     with tempfile.TemporaryDirectory(prefix="hpcstack-bench-") as tmp:
         sys.path.insert(0, str(checkout.link_package(Path(tmp))))
         cases = []
         for path in sorted(HERE.glob("bench_*.py")):
-            cases.extend(importlib.import_module(path.stem).CASES)
-        cases = [case for case in cases if not argv or any(word in case.name for word in argv)]
+            chosen = importlib.import_module(path.stem).CASES
+            if words and path.stem not in words:
+                chosen = [case for case in chosen if any(word in case.name for word in words)]
+            cases.extend(at_smallest(case) if once else case for case in chosen)
         timing = [case for case in cases if isinstance(case, (Case, Comparison))]
         windows = [case for case in cases if isinstance(case, WindowCase)]
         fleets = [case for case in cases if isinstance(case, FleetCase)]

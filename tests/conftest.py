@@ -1,4 +1,5 @@
-"""Test-wide set-up: make the collection importable as ``ansible_collections.hpcstack.ops``.
+"""Test-wide set-up: make the collection importable as ``ansible_collections.hpcstack.ops``;
+count each test's CPU seconds (``tests/support/cputime.py``).
 
 Ansible imports collection code through that name. A temporary directory holds the name as
 a symlink to this checkout, so nothing is written into the repository and the tests import
@@ -13,11 +14,17 @@ import tempfile
 from pathlib import Path
 
 import checkout
+from tests.support import cputime
 
 _import_roots = []
 
 
+def pytest_addoption(parser):
+    cputime.pytest_addoption(parser)
+
+
 def pytest_configure(config):
+    config.pluginmanager.register(cputime.CpuTime(config), "hpcstack-cputime")
     root = checkout.link_collection(Path(tempfile.mkdtemp(prefix="hpcstack-collections-")))
     sys.path.insert(0, str(root))
     _import_roots.append(root)

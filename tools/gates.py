@@ -3,10 +3,16 @@
     .venv/bin/python tools/gates.py                 # every gate
     .venv/bin/python tools/gates.py ruff-check pytest   # only these
     .venv/bin/python tools/gates.py pytest -- -k smoke  # arguments after -- go to pytest
+    .venv/bin/python tools/gates.py --check            # make check: the fast gates and unit
+
+Every gate but ``unit`` runs by default; ``unit`` (the unit tests alone, which ``pytest``
+runs too) is the inner loop's, with the fast gates: ``--check`` selects them (``CHECK``).
 
 Every gate runs even when an earlier one failed, so one run shows every problem; the exit
-status is 1 when any gate failed. The summary ends with pytest's ten slowest tests, so a
-change that slows the suite shows in every run.
+status is 1 when any gate failed. The summary ends with pytest's ten slowest tests, the ten
+test files that cost the most CPU seconds (summed over the pytest gates: the two cores are
+the limit of a run, see tests/support/cputime.py) and the run's wall time, so a change that
+slows the suite shows in every run.
 
 The two static gates that take a minute on one core (ansible-sanity, ansible-lint) run in
 the background while pytest runs, when both are selected: pytest's workers leave about a
@@ -27,9 +33,13 @@ leaves them out.
 from __future__ import annotations
 
 import io
+import json
+import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -39,21 +49,34 @@ from typing import IO, Optional
 import checkout
 
 REPO = checkout.REPO
+sys.path.insert(0, str(REPO))
+from tests.support import cputime  # noqa: E402
+
 PYTHON = sys.executable
 PYTEST = [PYTHON, "-m", "pytest", "-p", "xdist", "-n", "auto", "--dist", "loadgroup"]
 # Two workers, a test file at a time each: a file's tests share the cluster its worker made.
 CLUSTER_PYTEST = [PYTHON, "-m", "pytest", "-p", "xdist", "-n", "2", "--dist", "loadfile"]
 SLOWEST = 10
+# `make check`: the gates that take seconds, and the unit tests (a minute of two cores).
+CHECK = ("shellcheck", "ruff-check", "ruff-format", "compile", "types", "changelog", "unit")
+# Run only when named (or by --check): what the default gates check already.
+ON_REQUEST = ("unit",)
 # Run beside pytest (see the module's docstring).
 ALONGSIDE_PYTEST = ("ansible-sanity", "ansible-lint")
 # The tests that run on this machine's CPU unsimulated and choose "another target" from what
-# archdetect says of it: run a second time with the CPU simulated as another vendor's.
-HOST_DEPENDENT = (
-    "tests/integration/test_guard_rollout_playbook.py::test_rollout_tests_the_canary_then_rolls_on_and_reports_the_fleet",
-    "tests/integration/test_module_arch_guard_info.py",
-    "tests/integration/test_demo.py::test_guard_demo_shows_the_wrong_build_then_the_right_one[root]",
-    "tests/integration/test_arch_guard_slurm.py::test_batch_job_is_repaired_once_and_every_task_of_every_step_sees_this_node",
-)
+# archdetect says of it (marked ``host_cpu``): run a second time with the CPU simulated as
+# another vendor's.
+HOST_CPU = "host_cpu"
+
+
+def _marked(marker: str) -> list[str]:
+    """pytest's arguments that run the tests marked ``marker``: the marker, and the test files
+    that write ``mark.<marker>``, so that pytest collects those alone. Collecting every file
+    to keep 8 tests would cost each worker the collection-time work of the whole suite (the
+    fault matrices count their write points then): seconds of CPU, for nothing."""
+    tests = [name for name in checkout.tracked_files() if re.fullmatch(r"tests/(.*/)?test_[^/]*\.py", name)]
+    files = [name for name in tests if f"mark.{marker}" in (REPO / name).read_text()]
+    return ["-m", f"{marker} and not cluster", *files]
 
 
 @dataclass(frozen=True)
@@ -75,7 +98,12 @@ def _shell_scripts() -> list[str]:
     return scripts
 
 
-def gates(pytest_args: list[str]) -> list[Gate]:
+def gates(pytest_args: list[str], reports: Path) -> list[Gate]:
+    """The gates in order; each pytest gate writes its test files' CPU seconds into ``reports``."""
+
+    def cpu(name: str) -> str:
+        return f"--cpu-report={reports / name}.json"
+
     return [
         Gate("shellcheck", ["shellcheck", *_shell_scripts()], "shell scripts"),
         Gate("ruff-check", [PYTHON, "-m", "ruff", "check", "."], "lint"),
@@ -86,18 +114,23 @@ def gates(pytest_args: list[str]) -> list[Gate]:
         Gate("ansible-sanity", ["bash", "tools/ansible-sanity.sh"], "ansible-test sanity"),
         Gate("ansible-lint", ["bash", "tools/ansible-lint.sh"], "ansible-lint, production profile"),
         Gate(
+            "unit",
+            [*PYTEST, f"--durations={SLOWEST}", cpu("unit"), "tests/unit", *pytest_args],
+            "the unit tests",
+        ),
+        Gate(
             "pytest",
-            [*PYTEST, "-m", "not cluster", f"--durations={SLOWEST}", *pytest_args],
+            [*PYTEST, "-m", "not cluster", f"--durations={SLOWEST}", cpu("pytest"), *pytest_args],
             "unit and integration tests",
         ),
         Gate(
             "other-cpu",
-            [PYTHON, "testbed/simulate_cpu.py", "--", *PYTEST, *HOST_DEPENDENT],
+            [PYTHON, "testbed/simulate_cpu.py", "--", *PYTEST, cpu("other-cpu"), *_marked(HOST_CPU)],
             "the host-dependent tests again, this machine's CPU simulated as another vendor's",
         ),
         Gate(
             "cluster",
-            [*CLUSTER_PYTEST, "-m", "cluster", f"--durations={SLOWEST}", *pytest_args],
+            [*CLUSTER_PYTEST, "-m", "cluster", f"--durations={SLOWEST}", cpu("cluster"), *pytest_args],
             "the fleet tests, on a namespace cluster of several hosts (testbed/cluster.py)",
         ),
     ]
@@ -153,12 +186,42 @@ class _Background:
         return self.results[gate.name]
 
 
+def _cpu_by_file(reports: Path) -> tuple[dict[str, float], dict[str, int], set[str]]:
+    """The CPU seconds and test counts of each test file, summed over the pytest gates' reports."""
+    seconds: dict[str, float] = {}
+    tests: dict[str, int] = {}
+    clocks: set[str] = set()
+    for report in sorted(reports.glob("*.json")):
+        loaded = json.loads(report.read_text())
+        clocks.update(loaded["clock"])
+        for name, (used, count) in loaded["files"].items():
+            seconds[name] = seconds.get(name, 0.0) + used
+            tests[name] = tests.get(name, 0) + count
+    return seconds, tests, clocks
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)} min {seconds % 60:.0f} s"
+
+
 def main(argv: list[str]) -> int:
+    # The Makefile passes when `make test` started, so that the bootstrap counts too.
+    started = float(os.environ.get("HPCSTACK_MAKE_STARTED") or time.time())
+    reports = Path(tempfile.mkdtemp(prefix="hpcstack-gates-"))
+    try:
+        return _main(argv, reports, started)
+    finally:
+        shutil.rmtree(reports, ignore_errors=True)
+
+
+def _main(argv: list[str], reports: Path, started: float) -> int:
     pytest_args: list[str] = []
     if "--" in argv:
         pytest_args = argv[argv.index("--") + 1 :]
         argv = argv[: argv.index("--")]
-    selected = gates(pytest_args)
+    if "--check" in argv:
+        argv = [name for name in argv if name != "--check"] + list(CHECK)
+    selected = gates(pytest_args, reports)
     unknown = sorted(set(argv) - {gate.name for gate in selected})
     if unknown:
         sys.stderr.write(
@@ -167,6 +230,8 @@ def main(argv: list[str]) -> int:
         return 2
     if argv:
         selected = [gate for gate in selected if gate.name in argv]
+    else:
+        selected = [gate for gate in selected if gate.name not in ON_REQUEST]
 
     names = {gate.name for gate in selected}
     beside = [gate for gate in selected if gate.name in ALONGSIDE_PYTEST] if "pytest" in names else []
@@ -182,7 +247,12 @@ def main(argv: list[str]) -> int:
             results.extend((other, *background.result(other)) for other in beside)
     order = {gate.name: index for index, gate in enumerate(selected)}
     results.sort(key=lambda result: order[result[0].name])
+    return _summary(results, reports, started)
 
+
+def _summary(results, reports: Path, started: float) -> int:
+    """Print a line per gate, the slowest tests, the costliest test files and the wall time;
+    return the exit status of the run."""
     print("\n==> summary")
     for gate, status, last, seconds, _slowest in results:
         verdict = "passed" if status == 0 else f"FAILED (exit {status})"
@@ -192,11 +262,18 @@ def main(argv: list[str]) -> int:
         print(f"\n==> the {SLOWEST} slowest tests")
         for line in slowest:
             print(f"  {line}")
+    seconds, tests, clocks = _cpu_by_file(reports)
+    if seconds:
+        print(f"\n==> the {SLOWEST} test files with the most CPU seconds")
+        for line in cputime.table(seconds, tests, SLOWEST, clocks):
+            print(f"  {line}")
+    took = _minutes(time.time() - started)
+    run = os.environ.get("HPCSTACK_MAKE_TARGET", "gates")
     failed = [gate.name for gate, status, _last, _seconds, _slowest in results if status != 0]
     if failed:
-        print(f"make test: {len(failed)} of {len(results)} gates failed: {', '.join(failed)}")
+        print(f"{run}: {len(failed)} of {len(results)} gates failed: {', '.join(failed)}; {took}")
         return 1
-    print(f"make test: all {len(results)} gates passed")
+    print(f"{run}: all {len(results)} gates passed in {took}")
     return 0
 
 

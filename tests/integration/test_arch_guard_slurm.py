@@ -87,6 +87,7 @@ def without_slurm(env: dict) -> dict:
     return {name: value for name, value in env.items() if not name.startswith("SLURM_")}
 
 
+@pytest.mark.host_cpu
 @pytest.mark.parametrize("python_env", ["plain", "broken-python"])
 def test_batch_job_is_repaired_once_and_every_task_of_every_step_sees_this_node(
     slurm_guard, node_view, other_login, python_env

@@ -149,7 +149,7 @@ def _processes_naming(text: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("user", ["root", "unprivileged"])
+@pytest.mark.parametrize("user", [pytest.param("root", marks=pytest.mark.host_cpu), "unprivileged"])
 def test_guard_demo_shows_the_wrong_build_then_the_right_one(
     tmp_path, unprivileged_user, user_tmp_path, user
 ):

@@ -66,6 +66,7 @@ def fleet(job_root, tmp_path, unprivileged_user):
     return playbooks, str(inventory_file), settings, targets
 
 
+@pytest.mark.host_cpu
 def test_rollout_tests_the_canary_then_rolls_on_and_reports_the_fleet(fleet):
     playbooks, inventory, settings, targets = fleet
 

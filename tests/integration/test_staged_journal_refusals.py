@@ -1,7 +1,14 @@
 """Malformed journals: every command that reads one refuses it in one line and changes nothing.
 
-The matrix is every variant below times every command that reads journals (the command
-line's and the Ansible modules'). A variant is one small change to one real journal: the
+Every command reads a journal through the same typed loader (``journal.load``, whose own
+table of refusals is in the unit tests), so the matrix is not every variant times every
+command: every variant below goes through ``status`` and ``staged_info``, which read every
+journal of the state root (the command line's and the modules' way of saying what is
+wrong), and each class of damage (a wrong type, a missing key, a wrong shape, deep nesting,
+a bad time, an unknown value, a duplicate key, a bad path, a bad run id, raw bytes) goes
+through every family of commands that reads journals once (``status``, ``resume``,
+``rollback``, ``gc``, ``rebuild`` and each module), the classes taking each family's commands
+in turn. A variant is one small change to one real journal: the
 journals of a test site made once per test process by the real command (a publish run,
 schema 2; a publish run with a ledger, schema 4; a refused build; a build that crashed
 while publishing and that resume reversed; a retire run), the other runs staying intact
@@ -901,8 +908,49 @@ def run_case(bench, variant, command, capture, host):
     return problems
 
 
-CLI_CASES = [(variant, command) for variant in VARIANTS for command in [c.name for c in CLI_COMMANDS]]
-MODULE_CASES = [(variant, command) for variant in VARIANTS for command in [c.name for c in MODULE_COMMANDS]]
+def refusal_class(variant: Variant) -> str:
+    """What kind of damage ``variant`` does: ``wrong-type``, or the kind its name begins with."""
+    return "wrong-type" if variant in WRONG_TYPES else variant.name.split(":")[0]
+
+
+def family(command: Command) -> str:
+    """The command line's word (``status``, ``gc``...) or the module's name."""
+    if command.module is not None:
+        return command.module.__name__.rsplit(".", 1)[-1]
+    return next(word for word in command.args(Path("/site"), "run") if not word.startswith("--"))
+
+
+# Read every journal of the state root: every variant goes through these two.
+EVERY_VARIANT = ("status", "staged_info")
+
+
+def _grouped(items, key) -> dict:
+    groups = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item.name)
+    return groups
+
+
+CLASSES = _grouped(VARIANTS.values(), refusal_class)
+FAMILIES = _grouped(COMMANDS.values(), family)
+
+
+def _cases() -> list:
+    """Every variant through ``EVERY_VARIANT``; each class once through each family, the
+    classes taking the family's commands in turn and each family a different variant of a
+    class (so that the cases spread over the journals of every run)."""
+    cases = [(variant, command) for variant in VARIANTS for command in EVERY_VARIANT]
+    for family_index, commands in enumerate(FAMILIES.values()):
+        for class_index, variants in enumerate(CLASSES.values()):
+            case = (variants[family_index % len(variants)], commands[class_index % len(commands)])
+            if case not in cases:
+                cases.append(case)
+    return cases
+
+
+CASES = _cases()
+CLI_CASES = [(variant, command) for variant, command in CASES if COMMANDS[command].module is None]
+MODULE_CASES = [(variant, command) for variant, command in CASES if COMMANDS[command].module is not None]
 
 
 @pytest.mark.parametrize(("variant", "command"), CLI_CASES)
@@ -998,6 +1046,16 @@ def test_the_matrix_has_at_least_30_variants_and_every_command_that_reads_journa
         for command in CLI_COMMANDS
     }
     assert cli_words == {"status", "resume", "rollback", "gc", "rebuild"}
+
+
+def test_every_variant_reaches_both_front_ends_and_every_class_every_command_family():
+    assert {family(COMMANDS[command]) for command in EVERY_VARIANT} == {"status", "staged_info"}
+    for command in EVERY_VARIANT:
+        assert {variant for variant, chosen in CASES if chosen == command} == set(VARIANTS), command
+    covered = {(refusal_class(VARIANTS[variant]), family(COMMANDS[command])) for variant, command in CASES}
+    assert covered == {(name, kind) for name in CLASSES for kind in FAMILIES}
+    assert {command for _variant, command in CASES} == set(COMMANDS)
+    assert len(CASES) == len(set(CASES))
 
 
 def _fields(journals) -> set:
