@@ -76,10 +76,10 @@ def plan(journal, entry, module_text=None):
     """What planning writes into ``entry`` (``planner.plan``): the prepared module file, the
     backup of the module file live before (``module_text``: by default one whose root is the
     stable path) with both hashes, and the inodes of the stable and the retired path."""
-    prepared = f'local root = "{entry.stable_path}"\n'.encode()
+    prepared = os.fsencode(f'local root = "{entry.stable_path}"\n')
     entry.prepared_module = journal.write_file(entry.prepared_module_name(), prepared)
     entry.new_module_sha256 = hashlib.sha256(prepared).hexdigest()
-    old = prepared if module_text is None else module_text.encode()
+    old = prepared if module_text is None else os.fsencode(module_text)
     entry.module_backup = journal.write_file(entry.module_backup_name(), old)
     entry.old_module_sha256 = hashlib.sha256(old).hexdigest()
     entry.stage_ino, entry.live_ino = (

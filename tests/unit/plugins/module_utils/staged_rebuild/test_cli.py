@@ -631,11 +631,7 @@ def test_an_error_line_shows_a_hostile_state_root_escaped_on_its_one_line(site, 
 
 
 def test_status_shows_a_hand_edited_journal_s_values_escaped(site, capsys):
-    publish = publish_journal(
-        site.state_root / "runs", "run1", trees_of(site.installpath), state=RunState.PUBLISHED
-    )
-    publish.run.backend = hostile.SEQUENCES
-    publish.save()
+    publish_journal(site.state_root / "runs", "run1", trees_of(site.installpath), state=RunState.PUBLISHED)
     retire_journal(
         site.state_root / "runs",
         "retire-20261202T101500123456Z",
@@ -653,11 +649,27 @@ def test_status_shows_a_hand_edited_journal_s_values_escaped(site, capsys):
 
     assert (listed, shown, retired) == (0, 0, 0)
     assert f"{hostile.IN_A_PATH_SHOWN}/1.0" in out
-    assert f"  publish, backend {hostile.SHOWN}, no sandbox\n" in run
     assert f"Reason:      {hostile.SHOWN}\n" in retire
     assert f"Software:\n  {site.software}/{hostile.IN_A_PATH_SHOWN}/1.0\n" in retire
     for output in (out, run, retire):
         hostile.assert_shown_safely(output)
+
+
+def test_a_journal_whose_backend_holds_terminal_sequences_is_refused_in_one_escaped_line(site, capsys):
+    publish = publish_journal(
+        site.state_root / "runs", "run1", trees_of(site.installpath), state=RunState.PUBLISHED
+    )
+    publish.run.backend = hostile.SEQUENCES
+    publish.save()
+
+    code = _main(site, "status", "run1")
+
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.err.startswith("eb-staged-rebuild: ")
+    assert captured.err.count("\n") == 1
+    assert "backend" in captured.err
+    hostile.assert_shown_safely(captured.err)
 
 
 def test_a_state_root_that_is_not_utf_8_is_shown_escaped_and_json_says_which_strings_are(tmp_path, capsys):
@@ -678,6 +690,7 @@ def test_a_state_root_that_is_not_utf_8_is_shown_escaped_and_json_says_which_str
     assert f"Journal:\n  {tmp_path}/state-\\xff/runs/run1/journal.json\n" in out
     hostile.assert_shown_safely(out)
     shown = json.loads(document)
-    assert shown["escaped"] == ["/run/journal"]
+    # The journal and the live-change record a building run keeps beside it, both in the state root.
+    assert shown["escaped"] == ["/run/modules/0/live_record", "/run/journal"]
     assert shown["run"]["journal"] == f"{tmp_path}/state-\\xff/runs/run1/journal.json"
     assert "\\ud" not in document  # no surrogate, escaped or not

@@ -264,7 +264,7 @@ def test_gc_s_text_shows_every_field_of_its_report_escaped():
         "kept": [entry],
         "manual": [dict(entry, why=H)],
         "interrupted": [{"run_id": "r3", "state": "publishing", "why": H}],
-        "incomplete": [{"path": f"/apps/.staged/runs/{H}", "run_id": "r4", "why": H}],
+        "incomplete": [{"path": f"/apps/.staged/runs/{H}", "run_id": "r4", "kind": "incomplete", "why": H}],
         "grace_hours": 144.0,
         "processes": {"scanned": 3, "unreadable": 0, "seen": H},
         "slurm": {"answered": False, "why": f"squeue exited 1: {H}"},
