@@ -45,7 +45,8 @@ from pathlib import Path
 
 import tree_eb
 from benchlib import MISSING, OK, PARTIAL, Method, Replacer, WindowCase
-from hpcstack_ops.staged_rebuild import faults, locking, mountinfo, paths, probe, publish, rebuild, rollback
+from hpcstack_ops.common import mountinfo
+from hpcstack_ops.staged_rebuild import faults, locking, paths, probe, publish, rebuild, rollback
 from hpcstack_ops.staged_rebuild import journal as journals
 
 NAME, VERSION = "Bench", "1.0"

@@ -379,5 +379,3 @@ def remove_tree_at(parent_fd: int, name: str, where: str) -> None:
     finally:
         os.close(fd)
     os.rmdir(name, dir_fd=parent_fd)
-
-

@@ -281,4 +281,3 @@ def tree_digest(root):
 def changed_paths(before, after):
     """Sorted relative paths added, removed or changed between two ``tree_digest`` records."""
     return sorted(name for name in set(before) | set(after) if before.get(name) != after.get(name))
-
