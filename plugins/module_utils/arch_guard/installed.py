@@ -41,6 +41,8 @@ FILE_MODE = 0o644
 EXECUTABLE_MODE = 0o755
 # release.json is a few lines; a bigger file is not one the role wrote.
 RELEASE_MAX_BYTES = 64 * 1024
+# The launcher's line when it cannot import the guard (it exits 0 then, as a TaskProlog must).
+CANNOT_LOAD = "cannot load the guard"
 # A build is named by the code's digest and the interpreter that compiled it: this many hex digits.
 BUILD_DIGITS = 16
 
@@ -80,6 +82,11 @@ def read_release(path) -> dict:
         raise ReleaseError(str(err)) from None
     except OSError as err:
         raise ReleaseError(f"cannot read {path}: {err.strerror}") from None
+    return parse_release(data, path)
+
+
+def parse_release(data: bytes, path) -> dict:
+    """``read_release`` of the bytes ``data`` read from ``path``."""
     try:
         release = json.loads(data.decode("utf-8"))
     except ValueError:  # UnicodeDecodeError and json's JSONDecodeError alike
