@@ -128,7 +128,10 @@ def settings_problem(settings: Settings) -> Optional[str]:
     for name in ("prefix", "state_dir"):
         if not os.path.isabs(getattr(settings, name)):
             wrong.append(name)
-    if os.path.isabs(settings.prefix) and os.path.normpath(settings.prefix) == "/":
+    # "/", and "//" or "/./", which normpath keeps as they are.
+    if os.path.isabs(settings.prefix) and not [
+        part for part in settings.prefix.split("/") if part not in ("", ".")
+    ]:
         wrong.append("prefix")
     if settings.python and not os.path.isabs(settings.python):
         wrong.append("python")

@@ -53,7 +53,7 @@ def allowed_uids(slurmd_user: Optional[str]) -> list:
         # A name that is no user here: nothing runs as it.
         with contextlib.suppress(KeyError):
             uids.append(int(slurmd_user) if slurmd_user.isdigit() else pwd.getpwnam(slurmd_user).pw_uid)
-    return uids
+    return list(dict.fromkeys(uids))
 
 
 def _process(pid: str, proc: str) -> Optional[dict]:
