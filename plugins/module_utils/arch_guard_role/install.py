@@ -96,9 +96,7 @@ def install_code(prefix: str, build: str, archive: str, python: str, *, dry_run:
         if dry_run:
             return result.as_dict(walk)
         lib.mkdir(build, 0o700)
-    target = _own_dir(walk, prefix, installed.LIB, build)
-    assert_held(target)
-    with target:
+    with assert_held(_own_dir(walk, prefix, installed.LIB, build)) as target:
         _unpack(data, target)
     _compile(python, os.path.join(os.path.normpath(prefix), installed.LIB, build))
     return result.as_dict(walk)

@@ -380,9 +380,9 @@ class _Node:
         if self.survey.get("python") is not None and self.python() is None:
             found["python"] = self._no_python()
         if settings.manage_slurm_conf and self.state is not None:
-            found["state_dir"] = self._state_dir_problem() or ""
+            found["state_dir"] = self._state_dir_problem(self.state) or ""
         if settings.manage_slurm_conf and self.conf is not None:
-            found.update(self._conf_refusals())
+            found.update(self._conf_refusals(self.conf))
         if self.chain_facts_known() and self.chained() and not self._chain_runs():
             found["chain"] = (
                 f"arch_guard: the TaskProlog to run before the guard, {self.chain()}, is not an executable "
@@ -420,17 +420,16 @@ class _Node:
             "arch_guard_python to one, or arch_guard_python_package to a package that installs one"
         )
 
-    def _state_dir_problem(self) -> Optional[str]:
-        state = self.state
+    def _state_dir_problem(self, state: Mapping) -> Optional[str]:
         chain = [*state["parents"], *([state["stat"]] if state["stat"] else [])]
         bad = trust.first_distrusted(chain)
         return None if bad is None else trust.refusal(bad[0], self.settings.state_dir)
 
-    def _conf_refusals(self) -> dict:
+    def _conf_refusals(self, conf: Mapping) -> dict:
         settings, found = self.settings, {}
-        if self.conf["problem"]:
+        if conf["problem"]:
             found["conf"] = (
-                f"arch_guard: cannot read {settings.slurm_conf} ({self.conf['problem']}); the role owns "
+                f"arch_guard: cannot read {settings.slurm_conf} ({conf['problem']}); the role owns "
                 "its TaskProlog line (arch_guard_manage_slurm_conf), so it must be there"
             )
         lines = self.lines()
@@ -439,11 +438,12 @@ class _Node:
                 f"arch_guard: {settings.slurm_conf} has {len(lines)} TaskProlog lines; keep one, then run "
                 "the role again"
             )
-        if self.named() and self.state is not None:
-            if self.state["problem"]:
+        state = self.state
+        if self.named() and state is not None:
+            if state["problem"]:
                 found["kept"] = (
                     f"arch_guard: {settings.slurm_conf} on {self.owner} names the guard as TaskProlog, but "
-                    f"the line found before it cannot be read ({self.state['problem']}); changing the line "
+                    f"the line found before it cannot be read ({state['problem']}); changing the line "
                     "now would lose the site's TaskProlog for every node that reads it"
                 )
             elif self.one_conf and self.kept() is None:
@@ -523,7 +523,7 @@ class _Node:
             decided.update(release=release, build=release["build"])
             decided["install_build"] = (self.survey.get("release") or {}).get("build") != release["build"]
         if settings.manage_slurm_conf and self.conf is not None and self.state is not None:
-            decided.update(self._slurm_conf_writes(line))
+            decided.update(self._slurm_conf_writes(self.state, line))
         return decided
 
     def _prefix_there(self) -> Optional[bool]:
@@ -533,10 +533,10 @@ class _Node:
         last = parents[-1]
         return last["path"] == os.path.normpath(self.settings.prefix) and last["type"] == "directory"
 
-    def _slurm_conf_writes(self, line) -> dict:
+    def _slurm_conf_writes(self, held: Mapping, line) -> dict:
         kept = self.kept()
         text = slurmconf.kept_text(self.settings.slurm_conf, self.previous_line())
-        state = self.state["stat"]
+        state = held["stat"]
         state_as_left = bool(state) and (state["type"], state["uid"], state["gid"], state["mode"]) == (
             "directory",
             0,

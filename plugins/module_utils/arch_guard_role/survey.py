@@ -98,7 +98,7 @@ def look_at(path: str) -> Optional[dict]:
 def look_at_prefix(prefix: str) -> dict:
     """``parents``, ``guard``, ``release`` and ``release_problem``."""
     parents = trust.look(prefix)
-    found = {"parents": parents, "guard": {}, "release": None, "release_problem": None}
+    found: dict = {"parents": parents, "guard": {}, "release": None, "release_problem": None}
     if parents[-1]["path"] != os.path.normpath(prefix) or parents[-1]["type"] != "directory":
         return found
     try:
@@ -142,7 +142,7 @@ def _guard_paths(held: dirfd.Directory) -> dict:
 def look_at_state_dir(state_dir: str) -> dict:
     """``parents`` of the state directory, its ``stat``, the ``kept`` line (or ``problem``)."""
     parents = trust.look(state_dir)
-    found = {"parents": parents[:-1] if parents and parents[-1]["path"] == state_dir else parents}
+    found: dict = {"parents": parents[:-1] if parents and parents[-1]["path"] == state_dir else parents}
     found.update(stat=None, kept=None, problem=None)
     if not parents or parents[-1]["path"] != state_dir:
         return found
@@ -182,7 +182,7 @@ def look_at_slurm_conf(path: str) -> dict:
         )
     except OSError as err:
         found["problem"] = f"{err.strerror}: {path}"
-    identity = {"configless": False, "fstype": None, "source": None, "dev": None, "ino": None}
+    identity: dict = {"configless": False, "fstype": None, "source": None, "dev": None, "ino": None}
     identity.update(boot_id=None, sha256=None)
     if data is not None:
         # Undecodable bytes cannot travel in a result: a TaskProlog path is ASCII anyway.
