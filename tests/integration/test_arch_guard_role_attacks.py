@@ -274,10 +274,13 @@ def test_a_racing_user_never_gets_a_launcher_run_and_the_role_refuses_or_install
 
 
 def _wait_for_exe(pid: int, exe: str) -> None:
+    """Until the kernel runs ``pid`` from ``exe`` with its new command line (exec sets the
+    file a moment before the arguments)."""
     give_up = time.monotonic() + 10
     while time.monotonic() < give_up:
         try:
-            if os.readlink(f"/proc/{pid}/exe") == exe:
+            started = os.readlink(f"/proc/{pid}/exe") == exe
+            if started and b"--conf-server" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 return
         except OSError:
             pass

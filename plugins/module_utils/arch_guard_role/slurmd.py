@@ -7,9 +7,10 @@ A name and a command line prove nothing: any user can start a script called ``sl
 ``--conf-server`` in its arguments, and would then stop every rollout (or change the layout).
 A process counts only when it is root's, or SlurmdUser's, by its real and its effective uid
 (which no other user can take), and ``/proc/PID/exe``, the file the kernel runs it from, is
-a slurmd binary: named ``slurmd`` and root's, writable by nobody else. A user who runs the
-real binary is not root; a root process that runs a script named slurmd runs its
-interpreter, not slurmd.
+a slurmd binary: root's, writable by nobody else, and named ``slurmd`` or as the file that
+``slurmd`` in the system's directories resolves to (Debian's ``/usr/sbin/slurmd`` is a link
+to ``slurmd-wlm``). A user who runs the real binary is not root; a root process that runs a
+script named slurmd runs its interpreter, not slurmd.
 """
 
 from __future__ import annotations
@@ -28,18 +29,34 @@ CONF_SERVER = "--conf-server"
 _STATUS_MAX_BYTES = 64 * 1024
 _CMDLINE_MAX_BYTES = 256 * 1024
 _DELETED = " (deleted)"  # what /proc/PID/exe says of a binary replaced since it started
+# Where a distribution's package puts slurmd: root's directories, not the caller's PATH.
+SEARCH_PATH = ("/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/local/bin", "/usr/bin", "/bin")
 
 
-def counts(process: dict, allowed_uids: Iterable[int]) -> bool:
+def binary_names(search_path: Iterable[str] = SEARCH_PATH) -> frozenset:
+    """The names /proc/PID/exe may give a slurmd binary here: ``slurmd``, and the name of the
+    file each ``slurmd`` of ``search_path`` resolves to."""
+    names = {NAME}
+    for folder in search_path:
+        candidate = os.path.join(folder, NAME)
+        if os.path.lexists(candidate):
+            names.add(os.path.basename(os.path.realpath(candidate)))
+    return frozenset(names)
+
+
+def _program(exe: str) -> str:
+    """The file name of ``exe`` as /proc/PID/exe gives it, without " (deleted)"."""
+    return os.path.basename(exe[: -len(_DELETED)] if exe.endswith(_DELETED) else exe)
+
+
+def counts(process: dict, allowed_uids: Iterable[int], names: Iterable[str] = (NAME,)) -> bool:
     """Whether ``process`` (``{"uids": (real, effective), "exe": path, "exe_uid",
-    "exe_mode", "argv": [...]}``) is a configless slurmd of ``allowed_uids``."""
+    "exe_mode", "argv": [...]}``) is a configless slurmd of ``allowed_uids``, its binary
+    named one of ``names`` (``binary_names``)."""
     allowed = set(allowed_uids)
-    exe = process["exe"]
-    if exe.endswith(_DELETED):
-        exe = exe[: -len(_DELETED)]
     return (
         set(process["uids"]) <= allowed
-        and os.path.basename(exe) == NAME
+        and _program(process["exe"]) in set(names)
         and process["exe_uid"] == 0
         and not process["exe_mode"] & (stat.S_IWGRP | stat.S_IWOTH)
         and any(arg == CONF_SERVER or arg.startswith(CONF_SERVER + "=") for arg in process["argv"][1:])
@@ -56,12 +73,12 @@ def allowed_uids(slurmd_user: Optional[str]) -> list:
     return list(dict.fromkeys(uids))
 
 
-def _process(pid: str, proc: str) -> Optional[dict]:
-    """What counts needs of ``pid``, or None when it is gone or is no file named slurmd."""
+def _process(pid: str, proc: str, names: frozenset) -> Optional[dict]:
+    """What counts needs of ``pid``, or None when it is gone or runs no file named as slurmd."""
     base = os.path.join(proc, pid)
     try:
         exe = os.readlink(os.path.join(base, "exe"))
-        if os.path.basename(exe.replace(_DELETED, "")) != NAME:
+        if _program(exe) not in names:
             return None
         binary = os.stat(os.path.join(base, "exe"))  # the file it runs, even one since replaced
         status = dirfd.read_regular(os.path.join(base, "status"), "", limit=_STATUS_MAX_BYTES)
@@ -83,12 +100,15 @@ def _process(pid: str, proc: str) -> Optional[dict]:
     }
 
 
-def configless_pids(slurmd_user: Optional[str] = None, proc: str = PROC) -> list:
+def configless_pids(
+    slurmd_user: Optional[str] = None, proc: str = PROC, search_path: Iterable[str] = SEARCH_PATH
+) -> list:
     """The pids of the configless slurmd processes of this node, as ``counts`` decides."""
     allowed = allowed_uids(slurmd_user)
+    names = binary_names(search_path)
     found = []
     for pid in sorted((name for name in os.listdir(proc) if name.isdigit()), key=int):
-        process = _process(pid, proc)
-        if process is not None and counts(process, allowed):
+        process = _process(pid, proc, names)
+        if process is not None and counts(process, allowed, names):
             found.append(process["pid"])
     return found

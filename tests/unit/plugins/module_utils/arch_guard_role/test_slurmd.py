@@ -9,6 +9,7 @@ import shutil
 import stat
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -48,6 +49,32 @@ def test_a_process_counts_only_as_root_s_slurmd_binary_with_conf_server(change, 
     assert slurmd.counts(dict(REAL, **change), [0]) is counted
 
 
+@pytest.mark.parametrize(
+    ("exe", "names", "counted"),
+    [
+        # Debian: /usr/sbin/slurmd is a link to slurmd-wlm, the file the kernel runs.
+        ("/usr/sbin/slurmd-wlm", {"slurmd", "slurmd-wlm"}, True),
+        ("/usr/sbin/slurmd-wlm (deleted)", {"slurmd", "slurmd-wlm"}, True),
+        ("/usr/sbin/slurmd-wlm", {"slurmd"}, False),
+        ("/usr/bin/python3", {"slurmd", "slurmd-wlm"}, False),
+    ],
+)
+def test_the_binary_slurmd_resolves_to_counts_by_its_own_name(exe, names, counted):
+    assert slurmd.counts(dict(REAL, exe=exe), [0], names) is counted
+
+
+def test_the_names_of_slurmd_are_those_its_links_in_the_system_s_directories_resolve_to(tmp_path):
+    sbin, local = tmp_path / "sbin", tmp_path / "local"
+    sbin.mkdir()
+    local.mkdir()
+    (sbin / "slurmd-wlm").write_bytes(b"")
+    (sbin / "slurmd").symlink_to("slurmd-wlm")
+    (local / "slurmd").write_bytes(b"")
+
+    assert slurmd.binary_names([str(sbin), str(local), str(tmp_path / "missing")]) == {"slurmd", "slurmd-wlm"}
+    assert slurmd.binary_names([str(local)]) == {"slurmd"}
+
+
 def test_slurmd_user_s_processes_count_too():
     process = dict(REAL, uids=[64030, 64030])
 
@@ -58,14 +85,37 @@ def test_slurmd_user_s_processes_count_too():
 
 
 def _started(argv, exe):
-    """``argv`` started, once the kernel runs it from ``exe`` (its exec is done)."""
+    """``argv`` started, once the kernel runs it from ``exe`` with its command line (exec
+    sets the file a moment before the arguments)."""
     child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     for _attempt in range(500):
-        if os.readlink(f"/proc/{child.pid}/exe") == os.path.realpath(exe):
+        started = os.readlink(f"/proc/{child.pid}/exe") == os.path.realpath(exe)
+        if started and b"--conf-server" in Path(f"/proc/{child.pid}/cmdline").read_bytes():
             return child
         time.sleep(0.01)
     child.kill()
     raise AssertionError(f"{argv} did not start {exe}")
+
+
+def test_a_slurmd_started_through_a_link_counts_by_the_file_it_runs(tmp_path):
+    # As Debian installs it: sbin/slurmd -> slurmd-wlm, started as "slurmd".
+    sbin = tmp_path / "sbin"
+    sbin.mkdir(mode=0o755)
+    shutil.copy("/bin/sh", sbin / "slurmd-wlm")
+    (sbin / "slurmd-wlm").chmod(0o755)
+    (sbin / "slurmd").symlink_to("slurmd-wlm")
+    child = _started(
+        [str(sbin / "slurmd"), "-c", "sleep 60; :", "slurmd", "--conf-server", "ctl"], sbin / "slurmd-wlm"
+    )
+    try:
+        found = slurmd.configless_pids(search_path=[str(sbin)])
+        without = slurmd.configless_pids(search_path=[])
+    finally:
+        child.kill()
+        child.wait()
+
+    assert child.pid in found
+    assert child.pid not in without
 
 
 def test_a_real_slurmd_binary_of_root_s_counts_and_a_script_named_slurmd_does_not(tmp_path):
