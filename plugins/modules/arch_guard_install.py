@@ -43,12 +43,12 @@ options:
       - V(code) unpacks O(archive) into C(lib/<build>) and byte-compiles it with O(python).
       - V(switch) points C(lib/current) at O(build) in one rename, writes O(release) to C(release.json)
         and removes the builds no task can still be using (all but this one and the one it replaced).
-      - V(launcher) writes C(bin/eessi-arch-guard) (and C(bin/task-prolog) with O(wrapper), which it
-        removes without), then runs the launcher once as slurmstepd runs it, through the descriptor it
-        checked (root's, writable by nobody else, the bytes it wrote), and only when its interpreter
-        O(python) is a file nobody but root could have written: it must load the guard.
+      - V(launcher) writes C(bin/eessi-arch-guard), then runs it once as slurmstepd runs it, through the
+        descriptor it checked (root's, writable by nobody else, the bytes it wrote), and only when its
+        interpreter O(python) is a file nobody but root could have written: it must load the guard.
+      - V(wrapper) writes C(bin/task-prolog) with O(wrapper), or removes it without.
     type: str
-    choices: [code, switch, launcher]
+    choices: [code, switch, launcher, wrapper]
   build:
     description: The build's name, C(lib/<build>) (O(step=code), O(step=switch)).
     type: str
@@ -65,7 +65,7 @@ options:
     description: The launcher's text (O(step=launcher)).
     type: str
   wrapper:
-    description: The wrapper's text (O(step=launcher)); without it, a wrapper there is removed.
+    description: The wrapper's text (O(step=wrapper)); without it, a wrapper there is removed.
     type: str
 seealso:
   - module: hpcstack.ops.arch_guard_survey
@@ -103,13 +103,10 @@ def _step(params, dry_run, diff):
         return install.install_code(prefix, *code, dry_run=dry_run)
     if params["step"] == "switch":
         return install.switch(prefix, params["build"], params["release"], dry_run=dry_run)
+    if params["step"] == "wrapper":
+        return install.write_wrapper(prefix, wrapper=params["wrapper"], dry_run=dry_run, diff=diff)
     return install.write_launcher(
-        prefix,
-        launcher=params["launcher"],
-        wrapper=params["wrapper"],
-        python=params["python"],
-        dry_run=dry_run,
-        diff=diff,
+        prefix, launcher=params["launcher"], python=params["python"], dry_run=dry_run, diff=diff
     )
 
 
@@ -118,7 +115,7 @@ def main():
         argument_spec={
             "prefix": {"type": "path", "required": True},
             "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
-            "step": {"type": "str", "choices": ["code", "switch", "launcher"]},
+            "step": {"type": "str", "choices": ["code", "switch", "launcher", "wrapper"]},
             "build": {"type": "str"},
             "archive": {"type": "str", "no_log": True},
             "python": {"type": "path"},

@@ -267,35 +267,38 @@ def _write(directory, name: str, content: bytes, mode: int, result: _Result, *, 
 
 
 def write_launcher(
-    prefix: str,
-    *,
-    launcher: str,
-    python: str,
-    wrapper: Optional[str] = None,
-    dry_run: bool = False,
-    diff: bool = False,
+    prefix: str, *, launcher: str, python: str, dry_run: bool = False, diff: bool = False
 ) -> dict:
-    """The launcher with the text ``launcher`` and the wrapper with ``wrapper`` (gone without
-    one), then the launcher run once as slurmstepd runs it with ``python``, its interpreter:
-    it must load the guard."""
+    """The launcher with the text ``launcher``, then run once as slurmstepd runs it with
+    ``python``, its interpreter: it must load the guard."""
     walk, result = _walk(prefix, dry_run), _Result()
-    prefix = os.path.normpath(prefix)
-    files = {os.path.basename(installed.LAUNCHER): launcher}
-    if wrapper is not None:
-        files[os.path.basename(installed.WRAPPER)] = wrapper
+    name = os.path.basename(installed.LAUNCHER)
     bin_dir = _own_dir(walk, prefix, installed.BIN)
     if bin_dir is None:
-        for name, text in files.items():
-            result.did(f"would write {os.path.join(prefix, installed.BIN, name)}")
-            _diff(result, diff, os.path.join(prefix, installed.BIN, name), None, text)
+        _would_write(result, diff, os.path.join(os.path.normpath(prefix), installed.BIN, name), launcher)
         return result.as_dict(walk)
     with bin_dir:
-        for name, text in files.items():
-            before = _write(bin_dir, name, text.encode(), installed.EXECUTABLE_MODE, result, dry_run=dry_run)
-            if before != text.encode():
-                _diff(result, diff, bin_dir.join(name), before, text)
-        name = os.path.basename(installed.WRAPPER)
-        if wrapper is None and bin_dir.lstat(name) is not None:
+        _write_text(bin_dir, name, launcher, result, dry_run=dry_run, diff=diff)
+        bin_dir.sync()
+        if not dry_run:
+            run_launcher(bin_dir, launcher.encode(), python)
+    return result.as_dict(walk)
+
+
+def write_wrapper(prefix: str, *, wrapper: Optional[str], dry_run: bool = False, diff: bool = False) -> dict:
+    """The wrapper with the text ``wrapper``; without one, a wrapper there removed. The role
+    never runs it: slurmstepd does, as the job's user."""
+    walk, result = _walk(prefix, dry_run), _Result()
+    name = os.path.basename(installed.WRAPPER)
+    bin_dir = _own_dir(walk, prefix, installed.BIN)
+    if bin_dir is None:
+        if wrapper is not None:
+            _would_write(result, diff, os.path.join(os.path.normpath(prefix), installed.BIN, name), wrapper)
+        return result.as_dict(walk)
+    with bin_dir:
+        if wrapper is not None:
+            _write_text(bin_dir, name, wrapper, result, dry_run=dry_run, diff=diff)
+        elif bin_dir.lstat(name) is not None:
             if not dry_run:
                 try:
                     bin_dir.unlink(name)
@@ -303,9 +306,20 @@ def write_launcher(
                     raise InstallError(f"arch_guard: {bin_dir.join(name)} is a directory") from None
             result.did(f"removed {bin_dir.join(name)}, since there is nothing to chain")
         bin_dir.sync()
-        if not dry_run:
-            run_launcher(bin_dir, launcher.encode(), python)
     return result.as_dict(walk)
+
+
+def _write_text(
+    bin_dir: dirfd.Directory, name: str, text: str, result: _Result, *, dry_run: bool, diff: bool
+):
+    before = _write(bin_dir, name, text.encode(), installed.EXECUTABLE_MODE, result, dry_run=dry_run)
+    if before != text.encode():
+        _diff(result, diff, bin_dir.join(name), before, text)
+
+
+def _would_write(result: _Result, diff: bool, path: str, text: str) -> None:
+    result.did(f"would write {path}")
+    _diff(result, diff, path, None, text)
 
 
 def _diff(result: _Result, wanted: bool, path: str, before: Optional[bytes], after: str) -> None:

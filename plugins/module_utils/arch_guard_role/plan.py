@@ -18,6 +18,7 @@ the role's tasks only say in which order things happen.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -501,6 +502,9 @@ class _Node:
             "wrapper": self.wrapper,
             "launcher_text": launcher_text(settings, python) if python else None,
             "wrapper_text": wrapper_text(settings, chain) if chain else None,
+            "write_wrapper": self._wrapper_differs(wrapper_text(settings, chain) if chain else None)
+            if chain is not None
+            else None,
             "task_prolog_regexp": slurmconf.TASK_PROLOG,
             "package": installed.PACKAGE,
             "chain": chain,
@@ -525,6 +529,20 @@ class _Node:
         if settings.manage_slurm_conf and self.conf is not None and self.state is not None:
             decided.update(self._slurm_conf_writes(self.state, line))
         return decided
+
+    def _wrapper_differs(self, text: Optional[str]) -> Optional[bool]:
+        """Whether the wrapper the survey saw is not ``text`` (None: no wrapper), a file of
+        root's with the launcher's mode: then the wrapper's step writes or removes it."""
+        guard = self.survey.get("guard")
+        if guard is None:
+            return None
+        seen = guard.get(self.wrapper)
+        if text is None:
+            return seen is not None
+        wanted = ("file", 0, 0, installed.EXECUTABLE_MODE, hashlib.sha256(text.encode()).hexdigest())
+        return (
+            seen is None or (seen["type"], seen["uid"], seen["gid"], seen["mode"], seen["sha256"]) != wanted
+        )
 
     def _prefix_there(self) -> Optional[bool]:
         parents = self.survey.get("parents")

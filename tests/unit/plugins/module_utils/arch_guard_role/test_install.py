@@ -121,18 +121,41 @@ def test_the_wrapper_is_written_with_a_prolog_to_chain_and_removed_without_one(t
     prefix = tmp_path / "arch-guard"
     _install(prefix, code)
     wrapper = plan.wrapper_text(plan.Settings({"prefix": str(prefix)}), "/etc/slurm/prolog.sh")
-    launcher = _launcher(prefix)
 
-    chained = install.write_launcher(str(prefix), launcher=launcher, wrapper=wrapper, python=PYTHON)
+    chained = install.write_wrapper(str(prefix), wrapper=wrapper)
+    same = install.write_wrapper(str(prefix), wrapper=wrapper)
     (prefix / "bin" / "task-prolog").unlink()
     os.mkfifo(prefix / "bin" / "task-prolog")  # a FIFO where it was: never read, replaced
-    again = install.write_launcher(str(prefix), launcher=launcher, wrapper=wrapper, python=PYTHON)
-    unchained = install.write_launcher(str(prefix), launcher=launcher, python=PYTHON)
+    again = install.write_wrapper(str(prefix), wrapper=wrapper)
+    mode = stat.S_IMODE((prefix / "bin" / "task-prolog").stat().st_mode)
+    unchained = install.write_wrapper(str(prefix), wrapper=None)
+    none = install.write_wrapper(str(prefix), wrapper=None)
 
     assert chained["actions"] == [f"wrote {prefix}/bin/task-prolog"]
+    assert same == {"changed": False, "actions": [], "diff": []}
     assert again["actions"] == [f"wrote {prefix}/bin/task-prolog"]
+    assert mode == 0o755
     assert unchained["actions"] == [f"removed {prefix}/bin/task-prolog, since there is nothing to chain"]
+    assert none["changed"] is False
     assert not os.path.lexists(prefix / "bin" / "task-prolog")
+
+
+def test_a_wrapper_in_check_mode_is_said_and_not_written(tmp_path):
+    prefix = tmp_path / "arch-guard"
+    wrapper = plan.wrapper_text(plan.Settings({"prefix": str(prefix)}), "/etc/slurm/prolog.sh")
+
+    result = install.write_wrapper(str(prefix), wrapper=wrapper, dry_run=True, diff=True)
+
+    assert result["actions"][-1] == f"would write {prefix}/bin/task-prolog"
+    assert result["diff"] == [
+        {
+            "before": "",
+            "after": wrapper,
+            "before_header": f"{prefix}/bin/task-prolog",
+            "after_header": f"{prefix}/bin/task-prolog",
+        }
+    ]
+    assert not os.path.lexists(prefix)
 
 
 def test_a_launcher_changed_by_hand_and_a_group_writable_bin_are_put_back(tmp_path, code):

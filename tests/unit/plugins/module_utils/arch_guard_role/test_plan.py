@@ -11,6 +11,8 @@ inventory).
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard import installed
@@ -667,3 +669,38 @@ def test_the_wrapper_runs_the_site_s_prolog_then_the_launcher_quoted():
 
     assert "\n'/etc/slurm/site prolog.sh'\nstatus=$?\n" in text
     assert f'\n    {LAUNCHER}\nfi\nexit "$status"\n' in text
+
+
+def _guard_seen(text, **change):
+    seen = {"path": WRAPPER, "type": "file", "uid": 0, "gid": 0, "mode": 0o755}
+    seen["sha256"] = hashlib.sha256(text.encode()).hexdigest() if text is not None else None
+    return {WRAPPER: dict(seen, **change)}
+
+
+@pytest.mark.parametrize(
+    ("chain", "seen", "write"),
+    [
+        pytest.param(SITE, lambda text: {}, True, id="chained-not-there"),
+        pytest.param(SITE, _guard_seen, False, id="chained-as-wanted"),
+        pytest.param(SITE, lambda text: _guard_seen(text + "# by hand\n"), True, id="chained-changed"),
+        pytest.param(SITE, lambda text: _guard_seen(text, mode=0o775), True, id="chained-mode"),
+        pytest.param(SITE, lambda text: _guard_seen(text, type="fifo", sha256=None), True, id="chained-fifo"),
+        pytest.param("", lambda text: {}, False, id="unchained-not-there"),
+        pytest.param("", lambda text: _guard_seen("#!/bin/sh\n"), True, id="unchained-left-over"),
+    ],
+)
+def test_the_wrapper_is_written_only_when_the_survey_saw_another(chain, seen, write):
+    settings = _settings(manage_slurm_conf=False, chain_task_prolog=chain)
+    text = plan.wrapper_text(settings, chain) if chain else None
+    prologs = {SITE: {"path": SITE, "type": "file", "uid": 0, "gid": 0, "mode": 0o755}}
+
+    decided = plan.node(settings, "n0", survey_facts={"guard": seen(text), "prologs": prologs})
+
+    assert decided["wrapper_text"] == text
+    assert decided["write_wrapper"] is write
+
+
+def test_before_the_survey_the_wrapper_s_step_is_undecided():
+    assert (
+        plan.node(_settings(manage_slurm_conf=False, chain_task_prolog=SITE), "n0")["write_wrapper"] is None
+    )
