@@ -45,8 +45,9 @@ from pathlib import Path
 
 import tree_eb
 from benchlib import MISSING, OK, PARTIAL, Method, Replacer, WindowCase
+from hpcstack_ops.common import mountinfo
 from hpcstack_ops.staged_rebuild import journal as journals
-from hpcstack_ops.staged_rebuild import locking, mountinfo, probe, publish, rebuild, rollback
+from hpcstack_ops.staged_rebuild import locking, probe, publish, rebuild, rollback
 from hpcstack_ops.staged_rebuild import request as requests
 
 NAME, VERSION = "Bench", "1.0"

@@ -13,7 +13,8 @@ description:
   - Lists the files of each term as P(hpcstack.ops.tree_digest#lookup) does (the same files, in the
     same order, without what an interpreter or a build leaves in a source tree) and writes
     them, with the directories above them, into one uncompressed tar archive on the
-    controller; returns the archive's path, for M(ansible.builtin.unarchive).
+    controller; returns the archive's path, for M(ansible.builtin.unarchive), or with
+    O(base64) the archive itself, for a module that unpacks it (M(hpcstack.ops.arch_guard_install)).
   - One archive is one transfer and one module run per host, where a loop of
     M(ansible.builtin.copy) costs three round trips per file.
   - The archive's bytes depend only on the files' names and bytes (owner C(root), mode 0644
@@ -41,6 +42,12 @@ options:
   dest:
     description: The directory on the controller to write the archive in; created if missing.
     type: path
+  base64:
+    description:
+      - Return the archive's bytes in base64 rather than a path; nothing is written. The archive
+        then travels in a module's arguments, in the same round trip as the module.
+    type: bool
+    default: false
 """
 
 EXAMPLES = r"""
@@ -54,11 +61,14 @@ EXAMPLES = r"""
 
 RETURN = r"""
 _raw:
-  description: The archive's absolute path on the controller, C(<dest>/<digest>.tar).
+  description:
+    - The archive's absolute path on the controller, C(<dest>/<digest>.tar); with O(base64), the
+      archive in base64.
   type: list
   elements: str
 """
 
+import base64
 import io
 import os
 import tarfile
@@ -145,6 +155,8 @@ class LookupModule(LookupBase):
         rename = self.get_option("rename") or {}
         dest = self.get_option("dest") or os.path.join(constants.DEFAULT_LOCAL_TMP, "tree_archive")
         files = list_tree(root, terms)
+        if self.get_option("base64"):
+            return [base64.b64encode(archive_bytes(root, files, rename)).decode("ascii")]
         try:
             return [write_archive(root, files, rename, dest)]
         except OSError as error:

@@ -22,19 +22,18 @@ are killed at the deadline, and SIGTERM ends them too (``deadline.SigtermScope``
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 from typing import Optional
 
 from ..common import errors
 from ..common.deadline import Deadline, DeadlineExceeded, SigtermScope, raise_on_sigterm
-from . import archdetect, decide, restore, settings
+from . import archdetect, decide, installed, restore, settings
 from .decision import ARCHDETECT_FAILED, NO_SOFTWARE_DIR, TIMEOUT
 
 DEFAULT_EESSI_ROOT = "/cvmfs/software.eessi.io"
 # Where the arch_guard role installs the guard (its arch_guard_prefix).
-DEFAULT_GUARD_PREFIX = "/opt/hpcstack/arch-guard"
+DEFAULT_GUARD_PREFIX = installed.DEFAULT_PREFIX
 # A job's PATH before any module: the system's directories, where a node's nvidia-smi is.
 DEFAULT_JOB_PATH = "/usr/local/bin:/usr/bin:/bin"
 DEFAULT_TIMEOUT_SECONDS = settings.DEFAULT_TIMEOUT_SECONDS
@@ -49,18 +48,8 @@ LMOD_LOCATIONS = (
     "/opt/apps/lmod/*/libexec/lmod",
 )
 
-# The arch_guard role's install layout under its prefix: the contract with the role. The
-# code is the package its launcher imports, in lib/current (a link to the build in use,
-# lib/<build>).
-CODE_DIR = os.path.join("lib", "current", "hpcstack_ops")
-LAUNCHER = os.path.join("bin", "eessi-arch-guard")
-RELEASE_FILE = "release.json"
-# release.json is a few lines; a bigger file is not one the role wrote.
-RELEASE_MAX_BYTES = 64 * 1024
-
 # A version is one directory name under <eessi_root>/versions.
 _VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*\Z")
-_DIGEST = re.compile(r"[0-9a-f]{64}\Z")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Set by this module for each version (EESSI_PREFIX) or by an option of its own (TMPDIR).
 _RESERVED = {"EESSI_PREFIX": "it is each version's prefix", "TMPDIR": "give the job's TMPDIR as tmpdir"}
@@ -235,20 +224,21 @@ def guard_install(prefix) -> dict:
         "code": None,
         "problem": None,
     }
-    release_path = os.path.join(prefix, RELEASE_FILE)
-    launcher = os.path.join(prefix, LAUNCHER)
-    code = os.path.join(prefix, CODE_DIR)
-    if not any(os.path.lexists(path) for path in (release_path, launcher, os.path.join(prefix, "lib"))):
+    release_path = os.path.join(prefix, installed.RELEASE_FILE)
+    launcher = os.path.join(prefix, installed.LAUNCHER)
+    code = os.path.join(prefix, installed.CODE_DIR)
+    parts = (release_path, launcher, os.path.join(prefix, installed.LIB))
+    if not any(os.path.lexists(path) for path in parts):
         return report
     if _is_executable(launcher):
         report["launcher"] = launcher
     if os.path.isdir(code):
         report["code"] = code
     try:
-        release = read_release(release_path)
-    except NodeInfoError as err:
+        release = installed.read_release(release_path)
+    except installed.ReleaseError as err:
         return dict(report, problem=str(err))
-    report.update(release)
+    report.update({key: release[key] for key in ("version", "digest", "python")})
     if report["code"] is None:
         problem = f"the guard's code is not in {code}"
     elif report["launcher"] is None:
@@ -260,35 +250,6 @@ def guard_install(prefix) -> dict:
     else:
         return dict(report, installed=True)
     return dict(report, problem=problem)
-
-
-def read_release(path) -> dict:
-    """``version``, ``digest`` and ``python`` of the role's release.json; NodeInfoError if unusable."""
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(RELEASE_MAX_BYTES + 1)
-    except FileNotFoundError:
-        raise NodeInfoError(f"{path} is missing") from None
-    except OSError as err:
-        raise NodeInfoError(f"cannot read {path}: {err.strerror}") from None
-    if len(data) > RELEASE_MAX_BYTES:
-        raise NodeInfoError(f"{path} is larger than {RELEASE_MAX_BYTES} bytes")
-    try:
-        release = json.loads(data.decode("utf-8"))
-    except ValueError:  # UnicodeDecodeError and json's JSONDecodeError alike
-        raise NodeInfoError(f"{path} is not JSON ({len(data)} bytes)") from None
-    if not isinstance(release, dict):
-        raise NodeInfoError(f"{path} is not a JSON object")
-    checks = (
-        ("version", lambda value: bool(value.strip()), "a version"),
-        ("digest", _DIGEST.match, "a SHA-256 in hex"),
-        ("python", os.path.isabs, "an absolute path"),
-    )
-    for key, check, what in checks:
-        value = release.get(key)
-        if not isinstance(value, str) or not check(value):
-            raise NodeInfoError(f"{path}: {key} is not {what} ({value!r})")
-    return {key: release[key] for key, _check, _what in checks}
 
 
 def lmod_report(lmod_cmd, environ) -> dict:

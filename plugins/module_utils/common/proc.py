@@ -73,6 +73,7 @@ def run_child(
     output_fd: Optional[int] = None,
     on_line: Optional[Callable[[str], None]] = None,
     preexec: Optional[Callable[[], None]] = None,
+    pass_fds: Sequence[int] = (),
 ) -> ChildResult:
     """Run ``argv`` to completion, or until ``deadline`` (None: no limit) passes.
 
@@ -81,6 +82,8 @@ def run_child(
     and each line given to ``on_line`` as text (UTF-8, undecodable bytes replaced), with its
     newline. ``env=None`` passes this process's environment. ``preexec`` runs in the child
     between fork and exec (a sandbox's set-up); it must not return if it cannot do its job.
+    ``pass_fds`` are descriptors the child keeps, at the same numbers (a file checked by its
+    descriptor and run as ``/proc/self/fd/N``); every other one is closed.
 
     Raises ``DeadlineExceeded`` when the deadline passes, after killing the group. Any
     exception while the child runs (from ``on_line``, ``Terminated``, ``KeyboardInterrupt``)
@@ -94,7 +97,15 @@ def run_child(
     stdout_to, stderr_to = _streams(output_fd, on_line)
     mask = hold_sigterm()
     try:
-        child = _start(argv, env=env, cwd=cwd, stdout_to=stdout_to, stderr_to=stderr_to, preexec=preexec)
+        child = _start(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdout_to=stdout_to,
+            stderr_to=stderr_to,
+            preexec=preexec,
+            pass_fds=pass_fds,
+        )
     except BaseException:
         release_sigterm(mask)
         raise
@@ -157,7 +168,7 @@ def run_children(
         raise
 
 
-def _start(argv, *, env, cwd, stdout_to, stderr_to, preexec) -> subprocess.Popen:
+def _start(argv, *, env, cwd, stdout_to, stderr_to, preexec, pass_fds=()) -> subprocess.Popen:
     """``argv`` started in its own session, stdin from /dev/null; SIGTERM is held by the caller."""
     return subprocess.Popen(
         argv,
@@ -166,6 +177,7 @@ def _start(argv, *, env, cwd, stdout_to, stderr_to, preexec) -> subprocess.Popen
         stdin=subprocess.DEVNULL,
         stdout=stdout_to,
         stderr=stderr_to,
+        pass_fds=tuple(pass_fds),
         start_new_session=True,
         preexec_fn=_in_child(preexec),  # noqa: PLW1509 (the blocked mask would survive exec)
     )

@@ -18,10 +18,10 @@ import shutil
 import tempfile
 from typing import Optional, Tuple
 
-from ..common import errors, proc
+from ..common import errors, mountinfo, proc
 from ..common.deadline import Deadline, DeadlineExceeded
 from ..common.errors import setting
-from . import backends, easybuild, fsutil, mountinfo
+from . import backends, easybuild, fsutil
 
 # Filesystems that several nodes mount at once, by the type /proc/self/mountinfo gives: there,
 # whether the lock excludes other nodes is a measurement, not a property this host can see.

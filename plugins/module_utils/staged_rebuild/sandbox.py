@@ -26,7 +26,7 @@ import errno
 import os
 import stat
 
-from . import mountinfo
+from ..common import mountinfo
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000

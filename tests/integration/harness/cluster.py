@@ -109,7 +109,7 @@ def one_disk(cluster) -> sharedfs.SharedFS:
     kernel's filesystem under all the nodes, where the directory exchange works, to set
     beside the network filesystems where it does not."""
     # The collection is importable once pytest is configured (tests/conftest.py), not before.
-    from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import mountinfo  # noqa: PLC0415
+    from ansible_collections.hpcstack.ops.plugins.module_utils.common import mountinfo  # noqa: PLC0415
 
     shared = cluster.root / "one-disk"
     shared.mkdir(mode=0o755, exist_ok=True)

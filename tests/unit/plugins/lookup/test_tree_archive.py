@@ -7,6 +7,7 @@ used to copy file by file: the same files, root's, 0644 (directories 0755).
 
 from __future__ import annotations
 
+import base64
 import io
 import os
 import tarfile
@@ -130,3 +131,14 @@ def test_a_destination_that_cannot_be_written_is_a_lookup_error(lookup, tmp_path
 
     with pytest.raises(AnsibleLookupError, match=f"tree_archive: cannot write the archive in {blocker}"):
         lookup.run(TERMS, variables={}, root=str(root), dest=str(blocker))
+
+
+def test_with_base64_the_lookup_returns_the_archive_itself_and_writes_nothing(lookup, tmp_path):
+    root = _tree(tmp_path / "tree")
+    dest = tmp_path / "out"
+
+    [encoded] = lookup.run(TERMS, variables={}, root=str(root), rename=RENAME, dest=str(dest), base64=True)
+
+    files = tree_digest.list_tree(str(root), TERMS)
+    assert base64.b64decode(encoded, validate=True) == tree_archive.archive_bytes(str(root), files, RENAME)
+    assert not dest.exists()

@@ -9,6 +9,7 @@ beside it (``decide.decide``) and must agree.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -451,14 +452,30 @@ def test_a_broken_release_json_is_reported_not_raised(tmp_path, release, problem
     assert guard["launcher"] == str(prefix / "bin" / "eessi-arch-guard")
 
 
-def test_an_unreadable_release_json_is_reported(tmp_path):
+@pytest.mark.parametrize(
+    ("kind", "problem"),
+    [
+        ("directory", "{release} is not a regular file"),
+        # Opened without waiting for a writer: a plain open() would hang here.
+        ("fifo", "{release} is not a regular file"),
+        ("symlink", "{release} is a symbolic link; refusing to follow it"),
+    ],
+)
+def test_a_release_json_that_is_not_a_regular_file_is_reported_without_waiting(tmp_path, kind, problem):
     prefix = install_guard(tmp_path / "guard", None)
-    (prefix / "release.json").mkdir()
+    release = prefix / "release.json"
+    if kind == "directory":
+        release.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(release)
+    else:
+        (tmp_path / "elsewhere.json").write_text(json.dumps(RELEASE))
+        release.symlink_to(tmp_path / "elsewhere.json")
 
     guard = nodeinfo.guard_install(str(prefix))
 
     assert guard["installed"] is False
-    assert guard["problem"] == f"cannot read {prefix}/release.json: Is a directory"
+    assert guard["problem"] == problem.format(release=release)
 
 
 def test_a_launcher_that_is_not_executable_is_a_problem(tmp_path):

@@ -36,6 +36,26 @@ def test_child_leads_its_own_session_with_stdin_from_dev_null():
     assert stdin == "/dev/null"
 
 
+def test_a_passed_descriptor_is_the_child_s_at_its_number_and_no_other_is(tmp_path):
+    script = tmp_path / "script.sh"
+    script.write_text("#!/bin/sh\necho ran from $0\n")
+    script.chmod(0o755)
+    passed = os.open(script, os.O_RDONLY | os.O_CLOEXEC)
+    kept_back = os.open(script, os.O_RDONLY)  # inheritable, yet not passed
+    try:
+        # The file checked by its descriptor, run through it: its name is never looked up again.
+        script.rename(tmp_path / "moved.sh")
+        ran = proc.run_child([f"/proc/self/fd/{passed}"], env={"PATH": os.defpath}, pass_fds=[passed])
+        listed = proc.run_child(["ls", "/proc/self/fd"], env={"PATH": os.defpath}, pass_fds=[passed])
+    finally:
+        os.close(passed)
+        os.close(kept_back)
+
+    assert (ran.returncode, ran.stdout) == (0, f"ran from /proc/self/fd/{passed}\n".encode())
+    assert str(passed) in listed.stdout.decode().split()
+    assert str(kept_back) not in listed.stdout.decode().split()
+
+
 def test_child_runs_in_the_given_directory_with_the_given_environment(tmp_path):
     result = proc.run_child(
         ["sh", "-c", 'pwd; echo "$ONLY"'],

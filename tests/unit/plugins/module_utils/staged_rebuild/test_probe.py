@@ -12,8 +12,8 @@ import textwrap
 
 import pytest
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import mountinfo, probe
+from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors, mountinfo
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import probe
 
 BANNER = "This is EasyBuild 5.4.1 (framework: 5.4.1, easyblocks: 5.4.1) on host node01."
 # A report in which nothing needs a recommendation.

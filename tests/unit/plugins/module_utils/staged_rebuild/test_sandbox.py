@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import mountinfo, sandbox
+from ansible_collections.hpcstack.ops.plugins.module_utils.common import mountinfo
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import sandbox
 from tests.support.staged import snapshot
 
 CHILD_TIMEOUT = 120

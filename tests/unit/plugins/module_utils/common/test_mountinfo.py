@@ -12,13 +12,13 @@ import os
 import subprocess
 import sys
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import mountinfo
+from ansible_collections.hpcstack.ops.plugins.module_utils.common import mountinfo
 
 CHILD_TIMEOUT = 120
 # argv: a root. Prints mount_points_under(root), filesystem_of of each, and the mounts() rows.
 REPORT = r"""
 import json, sys
-from hpcstack_ops.staged_rebuild import mountinfo
+from hpcstack_ops.common import mountinfo
 root = sys.argv[1]
 points = mountinfo.mount_points_under(root)
 print(json.dumps({

@@ -15,29 +15,43 @@ def _unescape(field):
     return os.fsdecode(_OCTAL_ESCAPE.sub(lambda match: bytes([int(match.group(1), 8)]), field))
 
 
-def mounts():
-    """Every mount as ``(mount point, filesystem type)``, in the kernel's order."""
+def _table():
+    """Every mount as ``(mount point, filesystem type, source)``, in the kernel's order."""
     table = []
     with open("/proc/self/mountinfo", "rb") as handle:
         for line in handle:
             fields = line.split()
             separator = fields.index(b"-")
-            table.append((_unescape(fields[4]), os.fsdecode(fields[separator + 1])))
+            table.append(
+                (_unescape(fields[4]), os.fsdecode(fields[separator + 1]), _unescape(fields[separator + 2]))
+            )
     return table
+
+
+def mounts():
+    """Every mount as ``(mount point, filesystem type)``, in the kernel's order."""
+    return [(point, kind) for point, kind, _source in _table()]
 
 
 def _inside(path, root):
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
+def mount_of(path):
+    """``(mount point, filesystem type, source)`` of the mount that holds ``path``: the
+    longest mount point above its real path, the last of equal ones (the one on top), as
+    ``findmnt -T`` finds it; ``("", "unknown", "")`` when none does."""
+    real = os.path.realpath(path)
+    best = ("", "unknown", "")
+    for mount in _table():
+        if _inside(real, mount[0]) and len(mount[0]) >= len(best[0]):
+            best = mount
+    return best
+
+
 def filesystem_of(path):
     """The filesystem type of the mount that holds ``path`` (the longest mount point above it)."""
-    real = os.path.realpath(path)
-    best, fstype = "", "unknown"
-    for point, kind in mounts():
-        if _inside(real, point) and len(point) >= len(best):
-            best, fstype = point, kind
-    return fstype
+    return mount_of(path)[1]
 
 
 def mount_points_under(root):
