@@ -17,8 +17,7 @@ def _facts(result):
 
 def arch_guard_fleet(settings, host, identities, node_name):
     """``plan.fleet``: the layout, the owner and the layout's refusals for ``host``."""
-    found = [(name, identity) for name, identity in identities]
-    return plan.fleet(plan.Settings(settings), host, found, node_name)
+    return plan.fleet(plan.Settings(settings), host, [tuple(pair) for pair in identities], node_name)
 
 
 def arch_guard_plan(inputs):

@@ -27,6 +27,7 @@ attributes:
     support: partial
     details: The launcher's and the wrapper's text, before and after.
   idempotent:
+    description: A second run with the same arguments finds every file as wanted and changes nothing.
     support: full
 options:
   prefix:
@@ -45,7 +46,7 @@ options:
         and removes the builds no task can still be using (all but this one and the one it replaced).
       - V(launcher) writes C(bin/eessi-arch-guard), then runs it once as slurmstepd runs it, through the
         descriptor it checked (root's, writable by nobody else, the bytes it wrote), and only when its
-        interpreter O(python) is a file nobody but root could have written: it must load the guard.
+        interpreter O(python) is a file nobody but root could have written; it must load the guard.
       - V(wrapper) writes C(bin/task-prolog) with O(wrapper), or removes it without.
     type: str
     choices: [code, switch, launcher, wrapper]

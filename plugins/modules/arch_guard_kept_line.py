@@ -13,7 +13,7 @@ description:
     C(hpcstack.ops.arch_guard) role named the guard there, so that removal can put it back byte for byte;
     or forgets it once it is back.
   - The state directory is made root's, mode 0700, by descriptors from C(/) as
-    M(hpcstack.ops.arch_guard_install) makes the guard's: a directory on the way that others could
+    M(hpcstack.ops.arch_guard_install) makes the guard's; a directory on the way that others could
     replace is refused with one line naming it.
   - The file is written only when its content, owner or mode differ.
 author:
@@ -26,6 +26,7 @@ attributes:
   diff_mode:
     support: none
   idempotent:
+    description: A second run with the same arguments finds the line kept (or gone) and changes nothing.
     support: full
 options:
   state_dir:

@@ -399,7 +399,9 @@ def keep_line(state_dir: str, slurm_conf: str, line: Optional[str], *, dry_run: 
 def forget_line(state_dir: str, *, dry_run: bool = False) -> dict:
     """The kept line removed, once slurm.conf has it back."""
     walk, result = trust.Walk(os.path.normpath(state_dir), True), _Result()
-    held = walk.open(state_dir, own=1, mode=0o700) if os.path.lexists(state_dir) else None
+    if not os.path.lexists(state_dir):
+        return result.as_dict()
+    held = walk.open(state_dir, own=1, mode=0o700)
     if held is None:
         return result.as_dict()
     with held:

@@ -20,7 +20,9 @@ import stat
 from typing import IO, Any, Iterator, Optional
 
 from ..common import errors
-from ..common.dirfd import (  # noqa: F401 (the staged tool's modules name these fsutil.X)
+
+# The staged tool's modules name these fsutil.X.
+from ..common.dirfd import (  # noqa: F401  # pylint: disable=unused-import
     DIR_SYNC_UNSUPPORTED,
     RENAME_EXCHANGE,
     Directory,
