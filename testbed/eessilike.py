@@ -102,10 +102,13 @@ CPUINFO_FIXTURES = {
     "aarch64/nvidia/grace": "aarch64-nvidia-grace.cpuinfo",
     "aarch64/google/axion": "aarch64-google-axion.cpuinfo",
     "aarch64/a64fx": "aarch64-a64fx.cpuinfo",
+    "riscv64/generic": "riscv64-generic-starfive-jh7110.cpuinfo",
+    "riscv64/sifive/p550": "riscv64-sifive-p550-eic7700x.cpuinfo",
+    "riscv64/spacemit/x60": "riscv64-spacemit-x60-k1.cpuinfo",
 }
 
-MACHINES = ("x86_64", "aarch64")
-_TARGET = re.compile(r"^(x86_64|aarch64)(/[a-z0-9_]+)+$")
+MACHINES = ("x86_64", "aarch64", "riscv64")
+_TARGET = re.compile(r"^(x86_64|aarch64|riscv64)(/[a-z0-9_]+)+$")
 _ACCEL = re.compile(r"^accel/nvidia/cc([0-9]+)([0-9])$")
 _MODULE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*(/[A-Za-z0-9._+-]+)+$")
 SHELL_TIMEOUT = 120
@@ -240,7 +243,7 @@ def node_env(target: str, accel: str | None = None, cpuinfo_dir: Path = CPUINFO_
 def _check_request(targets: tuple, accel: Mapping[str, str], omit: Mapping[str, Iterable[str]]) -> None:
     for target in targets:
         if not _TARGET.match(target):
-            raise EessiLikeError(f"target {target!r} is not <machine>/<name>[/<name>] for x86_64 or aarch64")
+            raise EessiLikeError(f"target {target!r} is not <machine>/<name>[/<name>] for x86_64, aarch64 or riscv64")
     for cpu, sub in accel.items():
         if cpu not in targets:
             raise EessiLikeError(f"accelerator {sub} is given for {cpu}, which is not among the targets")
