@@ -90,7 +90,9 @@ def check_fixtures(real_init: Path) -> list:
         env = eessilike.archdetect_env(eessilike.node_env(target), path=BASE_PATH)
         real = eessilike.run_archdetect(env, "-a", "cpupath", script=real_init / "eessi_archdetect.sh")
         ours = eessilike.run_archdetect(env, "-a", "cpupath")
-        got = real.stdout.strip() if real.returncode == 0 else f"exit {real.returncode}: {real.stderr.strip()}"
+        got = (
+            real.stdout.strip() if real.returncode == 0 else f"exit {real.returncode}: {real.stderr.strip()}"
+        )
         expected = ours.stdout.strip()
         agrees = got == expected and expected.split(":")[0] == target
         results.append((f"fixture {name} -a cpupath (EESSI's archdetect)", agrees, got, expected))

@@ -215,7 +215,7 @@ def test_accelpath_when_nvidia_smi_answers_nonsense_exits_3(tmp_path):
 
 
 def test_software_subdir_override_short_circuits_cpupath(tmp_path):
-    node = {"EESSI_PROC_CPUINFO": str(tmp_path / "absent"), "EESSI_MACHINE_TYPE": "riscv64"}
+    node = {"EESSI_PROC_CPUINFO": str(tmp_path / "absent"), "EESSI_MACHINE_TYPE": "ppc64le"}
 
     best = _detect("cpupath", node=node, EESSI_SOFTWARE_SUBDIR_OVERRIDE="x86_64/amd/zen2")
     every = _detect("-a", "cpupath", node=node, EESSI_SOFTWARE_SUBDIR_OVERRIDE="x86_64/amd/zen2")
