@@ -394,6 +394,41 @@ class ShellRun:
     stderr: str
 
 
+# EESSI's own archdetect test data (GPL-2.0, so never in this repository): real /proc/cpuinfo
+# dumps, read where they lie, ``HPCSTACK_EESSI_ARCHDETECT_DATA`` or ``shared/data/archdetect``
+# beside the checkout or one of its parents. The dump of each CPU the cross-family tests put
+# a node on.
+EESSI_DATA_VARIABLE = "HPCSTACK_EESSI_ARCHDETECT_DATA"
+_EESSI_DATA_BESIDE = Path("shared", "data", "archdetect")
+EESSI_DUMPS = {
+    "x86_64/amd/zen3": "x86_64/amd/zen3/Azure-CentOS7-7V73X.cpuinfo",
+    "x86_64/intel/icelake": "x86_64/intel/icelake/AWS-Rocky8-8375C.cpuinfo",
+    "aarch64/neoverse_v1": "aarch64/neoverse_v1/AWS-awslinux-graviton3.cpuinfo",
+    "aarch64/nvidia/grace": "aarch64/nvidia/grace/Jureca-Rocky95.cpuinfo",
+    "riscv64/sifive/p550": "riscv64/sifive/premier-Ubuntu24.cpuinfo",
+}
+
+
+def eessi_data_dir() -> Path | None:
+    """Where EESSI's archdetect test data lies, or None when it is not on this machine."""
+    if os.environ.get(EESSI_DATA_VARIABLE):
+        candidates = [Path(os.environ[EESSI_DATA_VARIABLE])]
+    else:
+        candidates = [parent / _EESSI_DATA_BESIDE for parent in HERE.parents[1:]]
+    return next((data for data in candidates if data.is_dir()), None)
+
+
+def real_node_env(target: str) -> dict:
+    """``node_env(target)`` with EESSI's real dump of that CPU (``EESSI_DUMPS``) as
+    ``EESSI_PROC_CPUINFO``; without EESSI's data on this machine, our own fixture of the
+    same CPU (``testbed/check_archdetect.py --real-init`` holds the two to the same answer)."""
+    env = node_env(target)
+    data = eessi_data_dir()
+    if data is not None and target in EESSI_DUMPS:
+        env["EESSI_PROC_CPUINFO"] = str(data / EESSI_DUMPS[target])
+    return env
+
+
 def parse_env0(data: bytes) -> dict:
     """``env -0`` output as a dict; names and values decoded with ``os.fsdecode``. An entry
     without ``=`` (possible in a raw environment block) is no variable and is skipped."""

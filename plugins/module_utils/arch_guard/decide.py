@@ -212,10 +212,9 @@ def no_software_detail(candidates, eessi_prefix) -> str:
 def _reload(
     env, mode, deadline, *, was: Node, now: Node, modules, lmod: family.NodeLmod, node: str
 ) -> Decision:
+    start = family.before_eessi(env, node)
     try:
-        report = restore.reload_modules(
-            env, modules, deadline, lmod=lmod, start=family.before_eessi(env, node)
-        )
+        report = restore.reload_modules(env, modules, deadline, lmod=lmod, start=start)
     except restore.ModuleLoadFailed as err:
         return _failed(
             was,
@@ -226,10 +225,10 @@ def _reload(
         )
     except restore.RestoreFailed as err:
         return _failed(was, "restore-failed", str(err), f"reloading EESSI for {now.label(was)} failed", now)
-    return from_report(env, mode, report, was=was, now=now)
+    return from_report(env, mode, report, was=was, now=now, restarted=start)
 
 
-def from_report(env, mode, report: restore.Report, *, was: Node, now: Node) -> Decision:
+def from_report(env, mode, report: restore.Report, *, was: Node, now: Node, restarted=()) -> Decision:
     """The decision once the helper reported: the delta with its markers, if it can be carried."""
     reloaded = report.after.get("EESSI_SOFTWARE_SUBDIR", "")
     if reloaded != now.cpu:
@@ -241,7 +240,7 @@ def from_report(env, mode, report: restore.Report, *, was: Node, now: Node) -> D
             now,
         )
     transition = f"{was.label(now)}->{now.label(was)}"
-    changes = envdelta.compute(env, report.before, report.after)
+    changes = envdelta.compute(env, report.before, report.after, restarted)
     changes.append((RELOADED_MARKER, transition))
     if FAILED_MARKER in env:
         changes.append((FAILED_MARKER, None))
