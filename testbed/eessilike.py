@@ -118,6 +118,9 @@ _TARGET = re.compile(r"^(x86_64|aarch64|riscv64)(/[a-z0-9_]+)+$")
 _ACCEL = re.compile(r"^accel/nvidia/cc([0-9]+)([0-9])$")
 _MODULE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*(/[A-Za-z0-9._+-]+)+$")
 SHELL_TIMEOUT = 120
+# The shell of a job script (``#!/bin/bash``), by its path: not the one of a compatibility
+# layer that the environment's PATH may name first, of another family on this node.
+SYSTEM_BASH = shutil.which("bash", path="/usr/bin:/bin") or "/bin/bash"
 
 
 class EessiLikeError(Exception):
@@ -441,19 +444,24 @@ def parse_env0(data: bytes) -> dict:
 
 
 def run_shell(
-    lmod: stackenv.Lmod, env: Mapping[str, str], script: str, timeout: int = SHELL_TIMEOUT
+    lmod: stackenv.Lmod,
+    env: Mapping[str, str],
+    script: str,
+    timeout: int = SHELL_TIMEOUT,
+    *,
+    lmod_init: bool = True,
 ) -> ShellRun:
     """Run ``script`` in ``bash`` with ``module`` defined, starting from exactly ``env``.
 
     The script's own stdout goes to stderr; the exported environment at its end is read
     with ``env -0`` (it includes what bash itself exports: ``PWD``, ``SHLVL``, ``_``).
+    ``lmod_init=False`` runs it as a job script does, with the ``module`` function and the
+    ``LMOD_CMD`` it inherited, without sourcing this machine's Lmod first.
     """
-    command = (
-        f"exec 3>&1 1>&2; . {shlex.quote(str(lmod.init))} || exit 97\n{{\n{script}\n}}\n"
-        "status=$?; env -0 >&3; exit $status"
-    )
+    init = f". {shlex.quote(str(lmod.init))} || exit 97\n" if lmod_init else ""
+    command = f"exec 3>&1 1>&2; {init}{{\n{script}\n}}\nstatus=$?; /usr/bin/env -0 >&3; exit $status"
     done = subprocess.run(
-        ["bash", "--noprofile", "--norc", "-c", command],
+        [SYSTEM_BASH, "--noprofile", "--norc", "-c", command],
         env=dict(env),
         stdin=subprocess.DEVNULL,
         capture_output=True,

@@ -87,3 +87,15 @@ def assert_like(task: dict, fresh: dict, names=COMPARED) -> None:
 
 def logged(path: Path) -> list:
     return path.read_text().splitlines() if path.exists() else []
+
+
+def repaired(site: GuardSite, env: dict, mode: str) -> dict:
+    """The task's environment after the guard: as the TaskProlog, or by ``eval "$(guard
+    --shell)"`` in a job script that, as a real one, starts with the ``module`` function and
+    the ``LMOD_CMD`` the job inherited (not this machine's Lmod sourced first)."""
+    if mode == "prolog":
+        return site.repaired(env, mode)
+    guard = " ".join(shlex.quote(part) for part in site.guard_argv("--shell"))
+    script = eessilike.run_shell(site.lmod, env, f'eval "$({guard})"', lmod_init=False)
+    assert script.returncode == 0, script.stderr
+    return script.env
