@@ -45,6 +45,9 @@ ALL_TARGETS = {
         "aarch64/google/axion:aarch64/nvidia/grace:aarch64/neoverse_v1:aarch64/neoverse_n1:aarch64/generic"
     ),
     "aarch64/a64fx": "aarch64/a64fx:aarch64/generic",
+    "riscv64/generic": "riscv64/generic",
+    "riscv64/sifive/p550": "riscv64/sifive/p550:riscv64/generic",
+    "riscv64/spacemit/x60": "riscv64/spacemit/x60:riscv64/generic",
 }
 
 
@@ -374,7 +377,12 @@ def test_loading_on_node_a_selects_node_a(eessi, login_a):
     assert login_a["EESSI_MODULEPATH"] == str(software / "modules" / "all")
     assert login_a["EESSI_CPU_FAMILY"] == "x86_64"
     assert login_a["EPREFIX"] == str(eessi.prefix / "compat" / "linux" / "x86_64")
+    site_software = (
+        eessi.root / "host_injections" / "2023.06" / "software" / "linux" / "x86_64" / "intel" / "icelake"
+    )
+    assert login_a["EESSI_SITE_SOFTWARE_PATH"] == str(site_software)
     assert login_a["MODULEPATH"].split(":") == [
+        str(site_software / "modules" / "all"),  # the site's first, as EESSI puts it
         str(software / "accel" / "nvidia" / "cc80" / "modules" / "all"),
         str(software / "modules" / "all"),
         str(eessi.module_dir),
