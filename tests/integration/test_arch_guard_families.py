@@ -215,3 +215,16 @@ def _guarded(site: GuardSite, task_env: dict, mode: str) -> tuple:
     (line,) = run.stdout.decode().splitlines()
     name, _, value = line[len("export ") :].partition("=")
     return dict(task_env, **{name: shlex.split(value)[0]}), run.stderr.decode()
+
+
+def test_a_node_family_s_lmod_whose_init_sets_another_lmod_is_restore_failed(lmod, package_root, tmp_path):
+    prefix = eessilike.build_prefix(tmp_path / "eessi", targets=(ZEN3, GRACE), accel={})
+    prefix.layer("aarch64").lmod_init.write_text("export LMOD_CMD=/elsewhere/lmod\n")
+    site = GuardSite(prefix=prefix, lmod=lmod, package_root=package_root)
+    task_env = job(shell(site, ZEN3, lmod_init_start(site)), GRACE, EESSI_ARCH_GUARD_VERBOSE="1")
+
+    run, task = site.as_prolog(task_env)
+
+    assert run.returncode == 0
+    assert task == dict(task_env, EESSI_ARCH_GUARD_FAILED=f"{ZEN3}->restore-failed")
+    assert b"eessi-arch-guard: the restore helper exited 92: " in run.stderr

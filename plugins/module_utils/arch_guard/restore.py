@@ -88,7 +88,10 @@ if [ -n "$node_lmod" ]; then
     # Lmod's variables as a fresh start on this node sets them (LMOD_CMD, LMOD_DIR, ...).
     # shellcheck disable=SC1090
     . "$node_lmod_init" > /dev/null 2>&1
-    [ "${LMOD_CMD-}" = "$node_lmod" ] || exit 92
+    if [ "${LMOD_CMD-}" != "$node_lmod" ]; then
+        printf '%s set LMOD_CMD to %s, not %s\n' "$node_lmod_init" "${LMOD_CMD-}" "$node_lmod" >&2
+        exit 92
+    fi
 fi
 if (( $# > 0 )); then
     grouped_reload "$@"
