@@ -1,15 +1,21 @@
 """Compare our archdetect stand-in with EESSI's own archdetect test data.
 
-    .venv/bin/python testbed/check_archdetect.py DATA_DIR
+    .venv/bin/python testbed/check_archdetect.py DATA_DIR [--real-init INIT_DIR]
 
 DATA_DIR is a copy of EESSI's ``tests/archdetect`` from its software-layer-scripts
 repository, kept outside this repository (its licence, GPL-2.0, keeps it out of ours). For every
-``x86_64/**/<Name>.cpuinfo`` and ``aarch64/**/<Name>.cpuinfo`` the stand-in runs with
+``<machine>/**/<Name>.cpuinfo`` of x86_64, aarch64 and riscv64 the stand-in runs with
 ``EESSI_PROC_CPUINFO=<Name>.cpuinfo EESSI_MACHINE_TYPE=<machine>``; ``cpupath`` must print
 ``<Name>.output`` and ``-a cpupath`` ``<Name>.all.output`` (trailing whitespace ignored).
 For ``nvidia-smi/<case>.output`` our fake nvidia-smi plays the GPUs the case names and
 ``accelpath || echo "non-zero exit code: $?"`` must print the file. One line per case, then
 ``N/M agree``; exit status 0 only when all agree.
+
+With ``--real-init INIT_DIR`` (EESSI's own ``init/``, with ``eessi_archdetect.sh`` and its
+``arch_specs/``, also kept outside this repository) it checks our own cpuinfo fixtures the
+other way round: EESSI's real archdetect, run on each of ``testbed/eessi_like/cpuinfo/``, must
+answer ``-a cpupath`` as the stand-in does, starting with the target the fixture is named for
+(``eessilike.CPUINFO_FIXTURES``): the fixtures are the CPUs they claim to be.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from pathlib import Path
 
 import eessilike
 
-MACHINES = ("x86_64", "aarch64")
+MACHINES = ("x86_64", "aarch64", "riscv64")
 # EESSI's GPU cases by name: the compute capabilities of the GPUs their fake nvidia-smi
 # reports; "" = the driver sees no GPU; None = no nvidia-smi on PATH.
 NVIDIA_CASES = {
@@ -76,9 +82,30 @@ def check_nvidia(data: Path, fake_bin: Path) -> list:
     return results
 
 
+def check_fixtures(real_init: Path) -> list:
+    """[(label, agrees, got, expected)]: EESSI's real ``-a cpupath`` on each of our fixtures
+    against the stand-in's, whose first target must be the one the fixture is named for."""
+    results = []
+    for target, name in eessilike.CPUINFO_FIXTURES.items():
+        env = eessilike.archdetect_env(eessilike.node_env(target), path=BASE_PATH)
+        real = eessilike.run_archdetect(env, "-a", "cpupath", script=real_init / "eessi_archdetect.sh")
+        ours = eessilike.run_archdetect(env, "-a", "cpupath")
+        got = (
+            real.stdout.strip() if real.returncode == 0 else f"exit {real.returncode}: {real.stderr.strip()}"
+        )
+        expected = ours.stdout.strip()
+        agrees = got == expected and expected.split(":")[0] == target
+        results.append((f"fixture {name} -a cpupath (EESSI's archdetect)", agrees, got, expected))
+    return results
+
+
 def main(argv: list) -> int:
+    real_init = None
+    if len(argv) == 3 and argv[1] == "--real-init":
+        real_init = Path(argv[2])
+        argv = argv[:1]
     if len(argv) != 1:
-        print("usage: check_archdetect.py DATA_DIR", file=sys.stderr)
+        print("usage: check_archdetect.py DATA_DIR [--real-init INIT_DIR]", file=sys.stderr)
         return 2
     data = Path(argv[0])
     if not data.is_dir():
@@ -90,6 +117,8 @@ def main(argv: list) -> int:
     if (data / "nvidia-smi").is_dir():
         with tempfile.TemporaryDirectory(prefix="check-archdetect-") as tmp:
             results.extend(check_nvidia(data, eessilike.copy_fake_nvidia_smi(Path(tmp))))
+    if real_init is not None:
+        results.extend(check_fixtures(real_init))
     compared = [result for result in results if result[1] is not None]
     for label, agrees, got, expected in results:
         if agrees is None:

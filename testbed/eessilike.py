@@ -23,10 +23,11 @@ Layout written by ``build_prefix(root)`` (version 2023.06)::
         init/eessi_archdetect.sh, init/arch_specs/{x86_64,aarch64}
         init/bash                                   EESSI without its module (init_bash.sh)
         init/lmod_eessi_archdetect_wrapper.sh, init/lmod_eessi_archdetect_wrapper_accel.sh
-        compat/linux/<machine>/{bin,usr/bin}        EPREFIX (empty)
+        compat/linux/<family>/                      EPREFIX: programs and Lmod (eessicompat.py)
         software/linux/<target>/software/<Name>/<ver>/bin/<cmd>
         software/linux/<target>/modules/all/<Name>/<ver>.lua
         software/linux/<target>/.lmod/SitePackage.lua    the GPU module's driver hook (LMOD_PACKAGE_PATH)
+        software/linux/<target>/.lmod/lmodrc.lua         Lmod's settings for the target (LMOD_RC)
         scripts/gpu_support/nvidia/get_cuda_driver_version.sh   what the hook sources
         software/linux/<target>/accel/nvidia/cc80/{software,modules/all}   GpuKit/1.0
 
@@ -46,6 +47,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Iterable, Mapping
 
+import eessicompat
 import stackenv
 
 HERE = Path(__file__).resolve().parent / "eessi_like"
@@ -53,6 +55,7 @@ STANDIN = HERE / "eessi_archdetect.sh"
 CPUINFO_DIR = HERE / "cpuinfo"
 MODULE_FILE = HERE / "EESSI.lua"
 SITE_PACKAGE = HERE / "SitePackage.lua"
+LMODRC = HERE / "lmodrc.lua"
 CUDA_DRIVER_SCRIPT = HERE / "get_cuda_driver_version.sh"
 FAKE_NVIDIA_SMI = HERE / "nvidia-smi"
 INIT_BASH = HERE / "init_bash.sh"
@@ -78,6 +81,9 @@ GPU_MODULE = ("GpuKit/1.0", "gpukit")
 GPU_VARIABLE = "EESSI_LIKE_GPU_COMPUTE_CAP"
 # The CUDA version the fake nvidia-smi's driver reports (12.2 when unset).
 CUDA_DRIVER_VARIABLE = "EESSI_LIKE_CUDA_DRIVER_VERSION"
+# With this set, Lmod appends to that file the path of every SitePackage.lua and
+# lmodrc.lua of the prefix that it reads (what LMOD_PACKAGE_PATH and LMOD_RC lead it to).
+LMOD_READLOG_VARIABLE = "EESSI_LIKE_LMOD_READLOG"
 # The variables that make a shell "a node" (node_env); without them archdetect reads the
 # real machine.
 NODE_VARIABLES = ("EESSI_PROC_CPUINFO", "EESSI_MACHINE_TYPE", GPU_VARIABLE, CUDA_DRIVER_VARIABLE)
@@ -102,13 +108,19 @@ CPUINFO_FIXTURES = {
     "aarch64/nvidia/grace": "aarch64-nvidia-grace.cpuinfo",
     "aarch64/google/axion": "aarch64-google-axion.cpuinfo",
     "aarch64/a64fx": "aarch64-a64fx.cpuinfo",
+    "riscv64/generic": "riscv64-generic-starfive-jh7110.cpuinfo",
+    "riscv64/sifive/p550": "riscv64-sifive-p550-eic7700x.cpuinfo",
+    "riscv64/spacemit/x60": "riscv64-spacemit-x60-k1.cpuinfo",
 }
 
-MACHINES = ("x86_64", "aarch64")
-_TARGET = re.compile(r"^(x86_64|aarch64)(/[a-z0-9_]+)+$")
+MACHINES = ("x86_64", "aarch64", "riscv64")
+_TARGET = re.compile(r"^(x86_64|aarch64|riscv64)(/[a-z0-9_]+)+$")
 _ACCEL = re.compile(r"^accel/nvidia/cc([0-9]+)([0-9])$")
 _MODULE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*(/[A-Za-z0-9._+-]+)+$")
 SHELL_TIMEOUT = 120
+# The shell of a job script (``#!/bin/bash``), by its path: not the one of a compatibility
+# layer that the environment's PATH may name first, of another family on this node.
+SYSTEM_BASH = shutil.which("bash", path="/usr/bin:/bin") or "/bin/bash"
 
 
 class EessiLikeError(Exception):
@@ -140,6 +152,15 @@ def user_module_lua(name: str, root: Path) -> str:
         f'prepend_path("PATH", pathJoin(root, "bin"))\n'
         f'setenv("EBROOT{key}", root)\n'
         f'setenv("EBVERSION{key}", "{version}")\n'
+        # What the Lmod process that unloads it started with: the settings it read.
+        f'if mode() == "unload" and (os.getenv("{LMOD_READLOG_VARIABLE}") or "") ~= "" then\n'
+        f'    local log = io.open(os.getenv("{LMOD_READLOG_VARIABLE}"), "a")\n'
+        f"    if log then\n"
+        f'        log:write("unload {name} LMOD_RC=", os.getenv("LMOD_RC") or "", " LMOD_PACKAGE_PATH=",\n'
+        f'                  os.getenv("LMOD_PACKAGE_PATH") or "", "\\n")\n'
+        f"        log:close()\n"
+        f"    end\n"
+        f"end\n"
     )
 
 
@@ -162,6 +183,7 @@ class EessiPrefix:
     gpu_bin: Path
     targets: tuple
     accel: Mapping[str, str]
+    families: tuple = MACHINES
 
     @property
     def module(self) -> str:
@@ -182,6 +204,10 @@ class EessiPrefix:
     def login_path(self) -> str:
         """``PATH`` of every node's login shell: the fake ``nvidia-smi`` and the system dirs."""
         return f"{self.gpu_bin}:/usr/local/bin:/usr/bin:/bin"
+
+    def layer(self, family: str) -> eessicompat.Layer:
+        """The compatibility layer of ``family`` (``EPREFIX`` on a node of it)."""
+        return eessicompat.Layer(family, self.prefix / "compat" / "linux" / family)
 
     def software_subdir_path(self, target: str) -> Path:
         """``$EESSI_PREFIX/software/linux/<target>`` (EESSI_SOFTWARE_PATH once selected)."""
@@ -240,7 +266,9 @@ def node_env(target: str, accel: str | None = None, cpuinfo_dir: Path = CPUINFO_
 def _check_request(targets: tuple, accel: Mapping[str, str], omit: Mapping[str, Iterable[str]]) -> None:
     for target in targets:
         if not _TARGET.match(target):
-            raise EessiLikeError(f"target {target!r} is not <machine>/<name>[/<name>] for x86_64 or aarch64")
+            raise EessiLikeError(
+                f"target {target!r} is not <machine>/<name>[/<name>] for x86_64, aarch64 or riscv64"
+            )
     for cpu, sub in accel.items():
         if cpu not in targets:
             raise EessiLikeError(f"accelerator {sub} is given for {cpu}, which is not among the targets")
@@ -282,9 +310,16 @@ def _install_package(software: Path, modules: Path, name: str, command: str, say
     _write(modules / f"{name}.lua", user_module_lua(name, root))
 
 
+def install_lmod_settings(software_path: Path) -> None:
+    """``<software_path>/.lmod/``: the SitePackage.lua and lmodrc.lua that EESSI's module
+    points ``LMOD_PACKAGE_PATH`` and ``LMOD_RC`` at (for a CPU target, or a site's tree)."""
+    _write(software_path / ".lmod" / SITE_PACKAGE.name, SITE_PACKAGE.read_text())
+    _write(software_path / ".lmod" / LMODRC.name, LMODRC.read_text())
+
+
 def _install_target(prefix: Path, target: str, accel: str | None, omit: set) -> None:
     base = prefix / "software" / "linux" / target
-    _write(base / ".lmod" / SITE_PACKAGE.name, SITE_PACKAGE.read_text())
+    install_lmod_settings(base)
     (base / "software").mkdir(parents=True, exist_ok=True)
     (base / "modules" / "all").mkdir(parents=True, exist_ok=True)
     for name, command in USER_MODULES.items():
@@ -305,14 +340,19 @@ def build_prefix(
     accel: Mapping[str, str] | None = None,
     version: str = DEFAULT_VERSION,
     omit: Mapping[str, Iterable[str]] | None = None,
+    *,
+    families: Iterable[str] = MACHINES,
+    lmod: stackenv.Lmod | None = None,
 ) -> EessiPrefix:
     """Write an EESSI-like stack for ``version`` under ``root`` and return its description.
 
     Every target in ``targets`` gets ``UserA/1.0`` and ``UserB/2.0`` (command ``usera`` /
     ``userb`` prints the target); ``accel`` (default: icelake with accel/nvidia/cc80) adds
     the accelerator subtree with ``GpuKit/1.0`` (``gpukit`` prints "<target> <accel>");
-    ``omit`` drops modules from targets (``{"x86_64/amd/zen3": ["UserB/2.0"]}``). Several
-    versions may share a root; building a version twice raises ``EessiLikeError``.
+    ``omit`` drops modules from targets (``{"x86_64/amd/zen3": ["UserB/2.0"]}``).
+    ``families`` get a compatibility layer each, with a copy of ``lmod`` (default: this
+    machine's) as EESSI's own Lmod (``testbed/eessicompat.py``). Several versions may share
+    a root; building a version twice raises ``EessiLikeError``.
     """
     root = Path(root).absolute()
     targets = tuple(targets)
@@ -323,9 +363,10 @@ def build_prefix(
     if prefix.exists():
         raise EessiLikeError(f"EESSI-like prefix {prefix} exists already")
     _install_init(prefix, root, version)
-    for machine in sorted({target.split("/", 1)[0] for target in targets}):
-        for sub in ("bin", "usr/bin"):
-            (prefix / "compat" / "linux" / machine / sub).mkdir(parents=True, exist_ok=True)
+    lmod = lmod or stackenv.find_lmod()
+    families = tuple(families)
+    for family in families:
+        eessicompat.build_layer(prefix, family, lmod)
     for target in targets:
         _install_target(prefix, target, accel.get(target), omit.get(target, set()))
     return EessiPrefix(
@@ -338,6 +379,7 @@ def build_prefix(
         gpu_bin=root / "node-bin",
         targets=targets,
         accel=MappingProxyType(accel),
+        families=tuple(families),
     )
 
 
@@ -355,6 +397,41 @@ class ShellRun:
     stderr: str
 
 
+# EESSI's own archdetect test data (GPL-2.0, so never in this repository): real /proc/cpuinfo
+# dumps, read where they lie, ``HPCSTACK_EESSI_ARCHDETECT_DATA`` or ``shared/data/archdetect``
+# beside the checkout or one of its parents. The dump of each CPU the cross-family tests put
+# a node on.
+EESSI_DATA_VARIABLE = "HPCSTACK_EESSI_ARCHDETECT_DATA"
+_EESSI_DATA_BESIDE = Path("shared", "data", "archdetect")
+EESSI_DUMPS = {
+    "x86_64/amd/zen3": "x86_64/amd/zen3/Azure-CentOS7-7V73X.cpuinfo",
+    "x86_64/intel/icelake": "x86_64/intel/icelake/AWS-Rocky8-8375C.cpuinfo",
+    "aarch64/neoverse_v1": "aarch64/neoverse_v1/AWS-awslinux-graviton3.cpuinfo",
+    "aarch64/nvidia/grace": "aarch64/nvidia/grace/Jureca-Rocky95.cpuinfo",
+    "riscv64/sifive/p550": "riscv64/sifive/premier-Ubuntu24.cpuinfo",
+}
+
+
+def eessi_data_dir() -> Path | None:
+    """Where EESSI's archdetect test data lies, or None when it is not on this machine."""
+    if os.environ.get(EESSI_DATA_VARIABLE):
+        candidates = [Path(os.environ[EESSI_DATA_VARIABLE])]
+    else:
+        candidates = [parent / _EESSI_DATA_BESIDE for parent in HERE.parents[1:]]
+    return next((data for data in candidates if data.is_dir()), None)
+
+
+def real_node_env(target: str) -> dict:
+    """``node_env(target)`` with EESSI's real dump of that CPU (``EESSI_DUMPS``) as
+    ``EESSI_PROC_CPUINFO``; without EESSI's data on this machine, our own fixture of the
+    same CPU (``testbed/check_archdetect.py --real-init`` holds the two to the same answer)."""
+    env = node_env(target)
+    data = eessi_data_dir()
+    if data is not None and target in EESSI_DUMPS:
+        env["EESSI_PROC_CPUINFO"] = str(data / EESSI_DUMPS[target])
+    return env
+
+
 def parse_env0(data: bytes) -> dict:
     """``env -0`` output as a dict; names and values decoded with ``os.fsdecode``. An entry
     without ``=`` (possible in a raw environment block) is no variable and is skipped."""
@@ -367,19 +444,24 @@ def parse_env0(data: bytes) -> dict:
 
 
 def run_shell(
-    lmod: stackenv.Lmod, env: Mapping[str, str], script: str, timeout: int = SHELL_TIMEOUT
+    lmod: stackenv.Lmod,
+    env: Mapping[str, str],
+    script: str,
+    timeout: int = SHELL_TIMEOUT,
+    *,
+    lmod_init: bool = True,
 ) -> ShellRun:
     """Run ``script`` in ``bash`` with ``module`` defined, starting from exactly ``env``.
 
     The script's own stdout goes to stderr; the exported environment at its end is read
     with ``env -0`` (it includes what bash itself exports: ``PWD``, ``SHLVL``, ``_``).
+    ``lmod_init=False`` runs it as a job script does, with the ``module`` function and the
+    ``LMOD_CMD`` it inherited, without sourcing this machine's Lmod first.
     """
-    command = (
-        f"exec 3>&1 1>&2; . {shlex.quote(str(lmod.init))} || exit 97\n{{\n{script}\n}}\n"
-        "status=$?; env -0 >&3; exit $status"
-    )
+    init = f". {shlex.quote(str(lmod.init))} || exit 97\n" if lmod_init else ""
+    command = f"exec 3>&1 1>&2; {init}{{\n{script}\n}}\nstatus=$?; /usr/bin/env -0 >&3; exit $status"
     done = subprocess.run(
-        ["bash", "--noprofile", "--norc", "-c", command],
+        [SYSTEM_BASH, "--noprofile", "--norc", "-c", command],
         env=dict(env),
         stdin=subprocess.DEVNULL,
         capture_output=True,

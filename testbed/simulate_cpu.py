@@ -23,7 +23,14 @@ from pathlib import Path
 import eessilike
 
 # The CPUs a host may be simulated as when none is named: one per vendor and machine type.
-OTHER_VENDOR_HOSTS = ("x86_64/amd/zen3", "x86_64/intel/icelake", "aarch64/a64fx", "aarch64/neoverse_v1")
+OTHER_VENDOR_HOSTS = (
+    "x86_64/amd/zen3",
+    "x86_64/intel/icelake",
+    "aarch64/a64fx",
+    "aarch64/neoverse_v1",
+    "riscv64/sifive/p550",
+    "riscv64/spacemit/x60",
+)
 PROC_CPUINFO = "/proc/cpuinfo"
 
 

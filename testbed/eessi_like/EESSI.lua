@@ -67,10 +67,31 @@ end
 
 local subdir = select_cpu(cpu_candidates())
 local accel = accelerator()
-local cpu_family = subdir:match("^[^/]+")
+-- As EESSI's module (2026): EESSI_CPU_FAMILY_OVERRIDE chooses the compatibility layer, whatever
+-- the software target; without it the family is the target's.
+local cpu_family = os.getenv("EESSI_CPU_FAMILY_OVERRIDE") or subdir:match("^[^/]+")
 local eprefix = pathJoin(prefix, "compat", os_type, cpu_family)
 local software_path = pathJoin(prefix, "software", os_type, subdir)
 local module_path = pathJoin(software_path, "modules", "all")
+
+-- A site's own installations for the same target: EESSI_SITE_SOFTWARE_PREFIX in place of the
+-- repository's root, else host_injections in place of versions, as in EESSI's module (which
+-- replaces with string.gsub; a test's temporary path can hold Lua's pattern characters, so
+-- the leading part is replaced as plain text here).
+local function replace_leading(path, old, new)
+    if path:sub(1, #old) == old then
+        return new .. path:sub(#old + 1)
+    end
+    return path
+end
+local site_prefix = os.getenv("EESSI_SITE_SOFTWARE_PREFIX")
+local site_software_path
+if site_prefix then
+    site_software_path = replace_leading(software_path, root, site_prefix)
+else
+    site_software_path = replace_leading(software_path, pathJoin(root, "versions"), pathJoin(root, "host_injections"))
+end
+local site_module_path = pathJoin(site_software_path, "modules", "all")
 
 setenv("EESSI_VERSION", version)
 setenv("EESSI_PREFIX", prefix)
@@ -79,25 +100,50 @@ setenv("EESSI_OS_TYPE", os_type)
 setenv("EESSI_CPU_FAMILY", cpu_family)
 setenv("EPREFIX", eprefix)
 setenv("EESSI_EPREFIX", eprefix)
+setenv("EESSI_SITE_SOFTWARE_PATH", site_software_path)
+setenv("EESSI_SITE_MODULEPATH", site_module_path)
 setenv("EESSI_SOFTWARE_SUBDIR", subdir)
 setenv("EESSI_SOFTWARE_PATH", software_path)
 setenv("EESSI_MODULEPATH", module_path)
 prepend_path("PATH", pathJoin(eprefix, "bin"))
 prepend_path("PATH", pathJoin(eprefix, "usr", "bin"))
-prepend_path("LMOD_RC", pathJoin(software_path, ".lmod", "lmodrc.lua"))
-pushenv("LMOD_PACKAGE_PATH", pathJoin(software_path, ".lmod"))
 if mode() ~= "spider" then
     prepend_path("MODULEPATH", module_path)
 end
+prepend_path("LMOD_RC", pathJoin(software_path, ".lmod", "lmodrc.lua"))
+prepend_path("LMOD_RC", pathJoin(site_software_path, ".lmod", "lmodrc.lua"))
+pushenv("LMOD_PACKAGE_PATH", pathJoin(software_path, ".lmod"))
 
+local accel_module_path
 if accel ~= "" then
-    local accel_module_path = pathJoin(software_path, accel, "modules", "all")
+    -- The CPU subdirectory of the accelerator's installations is the target's, unless the
+    -- user or site says otherwise.
+    local accel_subdir = os.getenv("EESSI_ACCEL_SOFTWARE_SUBDIR_OVERRIDE") or subdir
+    accel_module_path = pathJoin(prefix, "software", os_type, accel_subdir, accel, "modules", "all")
     if isDir(accel_module_path) then
         setenv("EESSI_ACCELERATOR_TARGET", accel)
         setenv("EESSI_MODULEPATH_ACCEL", accel_module_path)
         if mode() ~= "spider" then
             prepend_path("MODULEPATH", accel_module_path)
         end
+    else
+        accel_module_path = nil
+    end
+end
+
+-- The site's module path last, so that it comes first.
+prepend_path("MODULEPATH", site_module_path)
+if accel_module_path then
+    local site_accel_module_path
+    if site_prefix then
+        site_accel_module_path = replace_leading(accel_module_path, root, site_prefix)
+    else
+        site_accel_module_path = replace_leading(accel_module_path, pathJoin(root, "versions"),
+                                                 pathJoin(root, "host_injections"))
+    end
+    if isDir(site_accel_module_path) then
+        setenv("EESSI_SITE_MODULEPATH_ACCEL", site_accel_module_path)
+        prepend_path("MODULEPATH", site_accel_module_path)
     end
 end
 

@@ -9,8 +9,20 @@
 -- EESSI_CUDA_DRIVER_VERSION; while that variable is set it is not detected again. source_sh
 -- in a hook belongs to no module, so unloading the GPU module does not unset it: a job that
 -- inherited a login node's environment keeps the login node's driver version.
+--
+-- With EESSI_LIKE_LMOD_READLOG set, reading it appends "SitePackage <this file>" there, so a
+-- test sees which target's hooks an Lmod process took.
 require("strict")
 local hook = require("Hook")
+
+local readlog = os.getenv("EESSI_LIKE_LMOD_READLOG")
+if readlog and readlog ~= "" then
+    local log = io.open(readlog, "a")
+    if log then
+        log:write("SitePackage ", debug.getinfo(1, "S").source:sub(2), "\n")
+        log:close()
+    end
+end
 
 local function eessi_like_cuda_driver_hook(t)
     if not t.modFullName:match("^GpuKit/") then

@@ -124,14 +124,19 @@ cpupath() {
     local cpuinfo=${EESSI_PROC_CPUINFO:-/proc/cpuinfo}
     local vendor features
     case $machine in
-        x86_64 | aarch64) ;;
-        *) die "unsupported machine type '$machine' (this stand-in knows x86_64 and aarch64)" ;;
+        x86_64 | aarch64 | riscv64) ;;
+        *) die "unsupported machine type '$machine' (this stand-in knows x86_64, aarch64 and riscv64)" ;;
     esac
     read_specs "$SPEC_DIR/$machine"
     read_cpuinfo "$cpuinfo"
     if [ "$machine" = x86_64 ]; then
         vendor=$(field vendor_id)
         features=$(field flags)
+    elif [ "$machine" = riscv64 ]; then
+        # The kernel names the vendor by its JEDEC code (mvendorid) and reports the ISA as
+        # one word, which the table's lines name whole.
+        vendor=$(field mvendorid)
+        features=$(field isa)
     else
         vendor=$(field cpu_implementer vendor_id)
         features=$(field features flags)

@@ -4,8 +4,9 @@
 # <root>/init/lmod/bash, with the version it was built for as the default. The EESSI module
 # is loaded by `module restore` from LMOD_SYSTEM_DEFAULT_MODULES; a second run (a job that
 # inherited the first) resets to the default modules instead of initialising again.
-# EESSI's own script sources the Lmod of its compatibility layer; this prefix has none, so
-# it sources the Lmod that the shell's `module` came from ($LMOD_PKG).
+# As EESSI's own script, it sources the Lmod of the compatibility layer of the node's CPU
+# family (EESSI's takes `uname -m`; the node here is what archdetect takes it to be,
+# EESSI_MACHINE_TYPE, else `uname -m`): LMOD_CMD is that layer's from then on.
 eessi_like_root=$(dirname "$(dirname "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")")")
 EESSI_VERSION_DEFAULT=${__EESSI_VERSION_USED_FOR_INIT:-@EESSI_VERSION_DEFAULT@}
 EESSI_VERSION=${EESSI_VERSION:-$EESSI_VERSION_DEFAULT}
@@ -16,8 +17,10 @@ if [ -z "${__Init_EESSI_Default_Modules:-}" ]; then
     module purge > /dev/null 2>&1
     unset __LMOD_REF_COUNT_MODULEPATH _ModuleTable001_
     export MODULEPATH=$eessi_like_root/init/modules
-    # shellcheck disable=SC1091
-    . "$LMOD_PKG/init/bash"
+    eessi_like_family=${EESSI_MACHINE_TYPE:-$(uname -m)}
+    # shellcheck disable=SC1090
+    . "$eessi_like_root/versions/$EESSI_VERSION/compat/linux/$eessi_like_family/usr/share/Lmod/init/bash" || return 1
+    unset eessi_like_family
     module --initial_load --no_redirect restore
 else
     module reset

@@ -56,7 +56,7 @@ def test_node_without_software_for_its_cpu_is_no_software_dir(guard_site):
 @pytest.mark.parametrize(
     "node_vars",
     [
-        pytest.param({"EESSI_MACHINE_TYPE": "riscv64"}, id="unsupported-machine"),
+        pytest.param({"EESSI_MACHINE_TYPE": "ppc64le"}, id="unsupported-machine"),
         pytest.param({"EESSI_PROC_CPUINFO": "/nonexistent/cpuinfo"}, id="unreadable-cpuinfo"),
         pytest.param({"EESSI_ACCELERATOR_TARGET_OVERRIDE": "accel/bogus"}, id="malformed-accel-override"),
     ],

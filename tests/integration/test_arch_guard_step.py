@@ -555,4 +555,5 @@ def test_a_cache_hit_imports_none_of_the_slow_modules(guard_site, tmp_path):
     imported = {line.rsplit("|", 1)[1].strip() for line in hit.stderr.decode().splitlines() if "|" in line}
     assert "hpcstack_ops.arch_guard.cache" in imported
     assert "hpcstack_ops.arch_guard.decide" not in imported
+    assert "hpcstack_ops.arch_guard.family" not in imported
     assert not imported & set(SLOW_IMPORTS)

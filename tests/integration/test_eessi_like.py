@@ -5,6 +5,7 @@ an A100-class GPU (cc80), node B a Zen 3 without GPU."""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -44,6 +45,9 @@ ALL_TARGETS = {
         "aarch64/google/axion:aarch64/nvidia/grace:aarch64/neoverse_v1:aarch64/neoverse_n1:aarch64/generic"
     ),
     "aarch64/a64fx": "aarch64/a64fx:aarch64/generic",
+    "riscv64/generic": "riscv64/generic",
+    "riscv64/sifive/p550": "riscv64/sifive/p550:riscv64/generic",
+    "riscv64/spacemit/x60": "riscv64/spacemit/x60:riscv64/generic",
 }
 
 
@@ -215,7 +219,7 @@ def test_accelpath_when_nvidia_smi_answers_nonsense_exits_3(tmp_path):
 
 
 def test_software_subdir_override_short_circuits_cpupath(tmp_path):
-    node = {"EESSI_PROC_CPUINFO": str(tmp_path / "absent"), "EESSI_MACHINE_TYPE": "riscv64"}
+    node = {"EESSI_PROC_CPUINFO": str(tmp_path / "absent"), "EESSI_MACHINE_TYPE": "ppc64le"}
 
     best = _detect("cpupath", node=node, EESSI_SOFTWARE_SUBDIR_OVERRIDE="x86_64/amd/zen2")
     every = _detect("-a", "cpupath", node=node, EESSI_SOFTWARE_SUBDIR_OVERRIDE="x86_64/amd/zen2")
@@ -279,9 +283,29 @@ def test_build_prefix_writes_the_eessi_layout(eessi):
         assert (software / "modules" / "all" / "UserA" / "1.0.lua").is_file()
     icelake = eessi.software_subdir_path("x86_64/intel/icelake")
     assert (icelake / "accel" / "nvidia" / "cc80" / "modules" / "all" / "GpuKit" / "1.0.lua").is_file()
-    assert sorted(p.name for p in (prefix / "compat" / "linux").iterdir()) == ["aarch64", "x86_64"]
+    assert sorted(p.name for p in (prefix / "compat" / "linux").iterdir()) == ["aarch64", "riscv64", "x86_64"]
     assert not (eessi.software_subdir_path("x86_64/amd/zen3") / "accel").exists()
     assert not (eessi.module_path("aarch64/neoverse_v1") / "UserB").exists()
+
+
+@pytest.mark.parametrize("family", eessilike.MACHINES)
+def test_each_layer_s_lmod_runs_on_a_node_of_its_family_and_is_refused_on_the_others(eessi, lmod, family):
+    layer = eessi.layer(family)
+    script = f". {shlex.quote(str(layer.lmod_init))} && module -t avail EESSI"
+    for node in eessilike.MACHINES:
+        env = {"PATH": "/usr/bin:/bin", "EESSI_MACHINE_TYPE": node, "MODULEPATH": str(eessi.module_dir)}
+
+        ran = eessilike.run_shell(lmod, env, script, lmod_init=False)
+
+        assert ran.env["LMOD_CMD"] == str(layer.lmod_cmd)
+        if node == family:
+            assert ran.returncode == 0, ran.stderr
+            assert f"EESSI/{eessi.version}" in ran.stderr
+        else:
+            # Lmod's `module` evaluates what its command printed: nothing, as the kernel
+            # refused the layer's lua.
+            assert "Exec format error" in ran.stderr
+            assert f"EESSI/{eessi.version}" not in ran.stderr
 
 
 def test_installed_archdetect_uses_its_own_tables(eessi):
@@ -353,7 +377,12 @@ def test_loading_on_node_a_selects_node_a(eessi, login_a):
     assert login_a["EESSI_MODULEPATH"] == str(software / "modules" / "all")
     assert login_a["EESSI_CPU_FAMILY"] == "x86_64"
     assert login_a["EPREFIX"] == str(eessi.prefix / "compat" / "linux" / "x86_64")
+    site_software = (
+        eessi.root / "host_injections" / "2023.06" / "software" / "linux" / "x86_64" / "intel" / "icelake"
+    )
+    assert login_a["EESSI_SITE_SOFTWARE_PATH"] == str(site_software)
     assert login_a["MODULEPATH"].split(":") == [
+        str(site_software / "modules" / "all"),  # the site's first, as EESSI puts it
         str(software / "accel" / "nvidia" / "cc80" / "modules" / "all"),
         str(software / "modules" / "all"),
         str(eessi.module_dir),

@@ -193,7 +193,7 @@ def test_a_command_under_simulate_cpu_sees_that_cpu_and_the_machine_does_not():
     ("target", "message"),
     [
         ("x86_64/intel/nehalem", "simulate_cpu: no cpuinfo dump for x86_64/intel/nehalem; known: "),
-        ("riscv64/generic", "simulate_cpu: no cpuinfo dump for riscv64/generic; known: "),
+        ("riscv64/thead/c910", "simulate_cpu: no cpuinfo dump for riscv64/thead/c910; known: "),
     ],
 )
 def test_simulate_cpu_refuses_a_cpu_it_has_no_dump_for(target, message):

@@ -4,8 +4,8 @@
 
 The steps, each of which can end it: disabled, EESSI not loaded, archdetect, the target
 EESSI would select here, already matching, EESSI's module among the loaded ones, module
-names, Lmod, the restore helper, and
-whether the delta can be carried in the output mode. A failure exports only
+names, Lmod (this node's family's, when the job's is of another: ``family``), the restore
+helper, and whether the delta can be carried in the output mode. A failure exports only
 EESSI_ARCH_GUARD_FAILED: the task keeps its environment, which may still run here.
 """
 
@@ -16,11 +16,12 @@ import re
 from ..common.deadline import Deadline, DeadlineExceeded
 from ..common.errors import Terminated
 from ..common.printable import printable as escaped
-from . import archdetect, emit, envdelta, restore, settings
+from . import archdetect, emit, envdelta, family, restore, settings
 from .decision import (
     ARCHDETECT_FAILED,
     FAIL,
     FAILED_MARKER,
+    NO_COMPAT_LAYER,
     NO_SOFTWARE_DIR,
     RELOAD,
     RELOADED_MARKER,
@@ -35,6 +36,14 @@ from .decision import (
 _MODULE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*(/[A-Za-z0-9._+-]+)*\Z")
 
 _REMEDY = "add 'module reset' to the job script or submit with --export=NONE"
+_NO_LAYER_REMEDY = "run the job on nodes of a CPU family that EESSI supports"
+# EESSI module's own overrides, which archdetect does not read: set in a job, they were the
+# user's or the site's choice, and the reload keeps them (EESSI's module reads them again).
+MODULE_OVERRIDES = (
+    family.CPU_FAMILY_OVERRIDE,
+    "EESSI_ACCEL_SOFTWARE_SUBDIR_OVERRIDE",
+    "EESSI_VERSION_OVERRIDE",
+)
 # EESSI started by sourcing init/bash: no module to load again, only the script to source.
 NO_EESSI_MODULE = "no-eessi-module"
 _EESSI_MODULE = re.compile(r"EESSI/[^/]+\Z")
@@ -93,8 +102,11 @@ def interrupted(env, token: str, detail: str, problem: str) -> Decision:
 
 
 def _decide_loaded(env, mode, was: Node, deadline) -> Decision:
+    node = family.node_family(env)
     try:
-        detection = archdetect.detect(env, deadline)
+        # Without the job's compatibility layer of another family on PATH: archdetect's
+        # helpers (uname, grep, ...) would be found there, and refused by the kernel.
+        detection = archdetect.detect(family.runnable(env, node), deadline)
     except archdetect.ArchdetectFailed as err:
         return _failed(was, ARCHDETECT_FAILED, str(err), "could not detect this node's CPU")
     target = archdetect.select_target(detection.candidates, env.get("EESSI_PREFIX"))
@@ -106,22 +118,59 @@ def _decide_loaded(env, mode, was: Node, deadline) -> Decision:
             f"EESSI has no software for this node ({printable(':'.join(detection.candidates))})",
         )
     now = Node(target, detection.accel)
-    respected = respected_overrides(detection)
+    respected = respected_overrides(detection, env)
     if now == was:
         return skip(f"target already matches this node{respected}")
     modules = [name for name in env.get("LOADEDMODULES", "").split(":") if name]
-    refused = _cannot_reload(env, modules, was=was, now=now)
+    lmod = family.lmod_for_node(env.get("LMOD_CMD", ""), node)
+    refused = _cannot_reload(env, modules, was=was, now=now) or _no_lmod(env, lmod, node, was=was, now=now)
     if refused is not None:
         return refused
-    reloaded = _reload(env, mode, deadline, was=was, now=now, modules=modules)
-    if reloaded.action != RELOAD or not respected:
+    reloaded = _reload(env, mode, deadline, was=was, now=now, modules=modules, lmod=lmod, node=node)
+    if reloaded.action != RELOAD:
         return reloaded
-    return Decision(reloaded.action, reloaded.detail + respected, reloaded.changes, reloaded.message)
+    note = _family_note(env, target, lmod) + respected
+    return Decision(reloaded.action, reloaded.detail + note, reloaded.changes, reloaded.message)
+
+
+def _family_note(env, target: str, lmod: family.NodeLmod) -> str:
+    """The detail's note of a change of CPU family, and of the Lmod it took ("" when none)."""
+    was_family, now_family = family.job_family(env), family.eessi_family(env, target)
+    note = f"; CPU family {was_family}->{now_family}" if was_family and was_family != now_family else ""
+    if lmod.init is not None:
+        note += f"; Lmod of this node's family: {lmod.command} (the job's is in {lmod.job_layer})"
+    return "".join(char if char.isprintable() else "?" for char in note)
+
+
+def _no_lmod(env, lmod: family.NodeLmod, node: str, *, was: Node, now: Node):
+    """The failure when no Lmod can reload here, else None: the job's is of another family
+    and this node's family has none where EESSI's layout puts it, or it is not executable."""
+    if lmod.missing is not None:
+        return _failed(
+            was,
+            NO_COMPAT_LAYER,
+            f"LMOD_CMD ({env.get('LMOD_CMD')}) is in {lmod.job_layer}, which cannot run on this "
+            f"{node} node, and {lmod.missing} is not there",
+            f"EESSI has no compatibility layer for this node's CPU family ({printable(node)}), and "
+            f"the job's Lmod (in {printable(lmod.job_layer or '')}) cannot run here",
+            now,
+            remedy=_NO_LAYER_REMEDY,
+        )
+    if lmod.init is None and restore.lmod_command(env) is None:
+        where = env.get("LMOD_CMD") or "unset"
+        return _failed(
+            was,
+            "lmod-unavailable",
+            f"LMOD_CMD ({where}) is not an executable file",
+            "Lmod is not available",
+            now,
+        )
+    return None
 
 
 def _cannot_reload(env, modules, *, was: Node, now: Node):
     """The failure when the task's modules cannot be reloaded here, else None: no EESSI
-    module to load again (EESSI sourced by init/bash), a name unsafe to pass to Lmod, no Lmod."""
+    module to load again (EESSI sourced by init/bash), a name unsafe to pass to Lmod."""
     if not any(_EESSI_MODULE.match(name) for name in modules):
         init = f"{env.get('EESSI_PREFIX') or '$EESSI_PREFIX'}/init/bash"
         return _failed(
@@ -143,24 +192,17 @@ def _cannot_reload(env, modules, *, was: Node, now: Node):
             "a loaded module cannot be reloaded safely",
             now,
         )
-    if restore.lmod_command(env) is None:
-        where = env.get("LMOD_CMD") or "unset"
-        return _failed(
-            was,
-            "lmod-unavailable",
-            f"LMOD_CMD ({where}) is not an executable file",
-            "Lmod is not available",
-            now,
-        )
     return None
 
 
-def respected_overrides(detection: archdetect.Detection) -> str:
-    """The detail's note of EESSI's overrides that decided the target: the job's own choice,
-    which the guard follows as EESSI's module does ("" when none was set)."""
-    if not detection.overrides:
+def respected_overrides(detection: archdetect.Detection, env) -> str:
+    """The detail's note of EESSI's overrides the job carries: those that decided the
+    target, and those of EESSI's module (``MODULE_OVERRIDES``). The job's own choice, which
+    the guard follows as EESSI's module does ("" when none was set)."""
+    overrides = [*detection.overrides, *(f"{name}={env[name]}" for name in MODULE_OVERRIDES if env.get(name))]
+    if not overrides:
         return ""
-    return f"; {', '.join(map(printable, detection.overrides))} respected as the job's own choice"
+    return f"; {', '.join(map(printable, overrides))} respected as the job's own choice"
 
 
 def no_software_detail(candidates, eessi_prefix) -> str:
@@ -169,9 +211,12 @@ def no_software_detail(candidates, eessi_prefix) -> str:
     return f"no software directory for any of {':'.join(candidates)} under {where}"
 
 
-def _reload(env, mode, deadline, *, was: Node, now: Node, modules) -> Decision:
+def _reload(
+    env, mode, deadline, *, was: Node, now: Node, modules, lmod: family.NodeLmod, node: str
+) -> Decision:
+    start = family.before_eessi(env, node)
     try:
-        report = restore.reload_modules(env, modules, deadline)
+        report = restore.reload_modules(env, modules, deadline, lmod=lmod, start=start)
     except restore.ModuleLoadFailed as err:
         return _failed(
             was,
@@ -182,10 +227,10 @@ def _reload(env, mode, deadline, *, was: Node, now: Node, modules) -> Decision:
         )
     except restore.RestoreFailed as err:
         return _failed(was, "restore-failed", str(err), f"reloading EESSI for {now.label(was)} failed", now)
-    return from_report(env, mode, report, was=was, now=now)
+    return from_report(env, mode, report, was=was, now=now, restarted=start)
 
 
-def from_report(env, mode, report: restore.Report, *, was: Node, now: Node) -> Decision:
+def from_report(env, mode, report: restore.Report, *, was: Node, now: Node, restarted=()) -> Decision:
     """The decision once the helper reported: the delta with its markers, if it can be carried."""
     reloaded = report.after.get("EESSI_SOFTWARE_SUBDIR", "")
     if reloaded != now.cpu:
@@ -197,7 +242,7 @@ def from_report(env, mode, report: restore.Report, *, was: Node, now: Node) -> D
             now,
         )
     transition = f"{was.label(now)}->{now.label(was)}"
-    changes = envdelta.compute(env, report.before, report.after)
+    changes = envdelta.compute(env, report.before, report.after, restarted)
     changes.append((RELOADED_MARKER, transition))
     if FAILED_MARKER in env:
         changes.append((FAILED_MARKER, None))

@@ -25,6 +25,9 @@ TERMINATED = "terminated"
 # (nodeinfo) names the same ones.
 ARCHDETECT_FAILED = "archdetect-failed"
 NO_SOFTWARE_DIR = "no-software-dir"
+# The job's Lmod is in the compatibility layer of another CPU family, and EESSI has no layer
+# (no Lmod) for this node's: nothing can reload the job's modules here.
+NO_COMPAT_LAYER = "no-compat-layer"
 
 
 class Decision:

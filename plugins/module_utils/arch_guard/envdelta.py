@@ -83,19 +83,22 @@ def reload_environment(task_env) -> dict:
     return env
 
 
-def compute(task_env, before, after) -> list:
+def compute(task_env, before, after, restarted=()) -> list:
     """The changes that take ``task_env`` to the restored environment.
 
     ``before`` and ``after`` are the helper's environment before and after the reload, read
     by the same shell: comparing them (rather than ``task_env`` with ``after``) leaves out
     what the shell itself changed at start-up, such as dropping ``PS1`` or setting ``SHLVL``.
-    The node facts, which the helper started without, are ``after``'s or none. Sorted by
-    name, so equal inputs give equal output.
+    The node facts, which the helper started without, and the names in ``restarted``, which
+    it started with other values than the task's, are ``after``'s or none. Sorted by name,
+    so equal inputs give equal output.
     """
     changes = []
-    for name in sorted(set(before) | set(after) | set(NODE_FACTS)):
-        if name in NODE_FACTS:
-            # The helper started without it (reload_environment): after holds this node's.
+    from_task = set(NODE_FACTS) | set(restarted)
+    for name in sorted(set(before) | set(after) | from_task):
+        if name in from_task:
+            # The helper did not start with the task's value (reload_environment, or the
+            # restart of another family's job): after holds this node's.
             if task_env.get(name) != after.get(name):
                 changes.append((name, after.get(name)))
             continue

@@ -22,7 +22,13 @@ from ..common import proc
 from ..common.deadline import Deadline, DeadlineExceeded, SigtermHeld
 from . import archdetect, envdelta, settings
 
-# $1: the env program, $2...: the modules, in load order. The work directory is the cwd.
+TYPE_CHECKING = False  # type checkers take this as True
+if TYPE_CHECKING:
+    from .family import NodeLmod
+
+# $1: the env program, $2 and $3: this node's family's Lmod and its init/bash when they
+# replace the job's, of another family (else empty), $4...: the modules, in load order. The
+# work directory is the cwd.
 # Lmod ends its output with `false` when a command fails, and then changes nothing, so
 # eval's status is Lmod's; the LOADEDMODULES check catches a module that Lmod skipped
 # without saying so.
@@ -40,7 +46,9 @@ from . import archdetect, envdelta, settings
 # is given to Lmod's command only, never exported, so no report holds it.
 HELPER_SCRIPT = r"""
 env_tool=$1
-shift
+node_lmod=$2
+node_lmod_init=$3
+shift 3
 lmod() {
     local code
     code=$(LMOD_TERM_WIDTH=${LMOD_TERM_WIDTH:-80} "$LMOD_CMD" bash "$@") || return 1
@@ -76,6 +84,15 @@ grouped_reload() {
     all_loaded "$@" || return 2
 }
 "$env_tool" -0 > before.env || exit 90
+if [ -n "$node_lmod" ]; then
+    # Lmod's variables as a fresh start on this node sets them (LMOD_CMD, LMOD_DIR, ...).
+    # shellcheck disable=SC1090
+    . "$node_lmod_init" > /dev/null 2>&1
+    if [ "${LMOD_CMD-}" != "$node_lmod" ]; then
+        printf '%s set LMOD_CMD to %s, not %s\n' "$node_lmod_init" "${LMOD_CMD-}" "$node_lmod" >&2
+        exit 92
+    fi
+fi
 if (( $# > 0 )); then
     grouped_reload "$@"
     status=$?
@@ -141,16 +158,34 @@ def lmod_command(env):
     return None
 
 
-def reload_modules(env, modules, deadline: Deadline) -> Report:
+def reload_modules(env, modules, deadline: Deadline, lmod: NodeLmod, start=None) -> Report:
     """Run the helper from ``env`` and return its report.
 
-    Raises ModuleLoadFailed, RestoreFailed, DeadlineExceeded or Terminated. The work
-    directory is removed whatever happens, a SIGTERM held until it is.
+    ``lmod`` is the Lmod to reload with (``family.lmod_for_node``); ``start`` the settings
+    the helper starts with instead of the task's (``{name: value}``, None to unset:
+    ``family.before_eessi``). Raises ModuleLoadFailed, RestoreFailed, DeadlineExceeded or
+    Terminated. The work directory is removed whatever happens, a SIGTERM held until it is.
     """
     env_tool = proc.find_program("env", _ENV_TOOL_PATH)
     if env_tool is None:
         raise RestoreFailed(f"no env program in {_ENV_TOOL_PATH}")
-    argv = [archdetect.bash_path(env), "--noprofile", "--norc", "-c", HELPER_SCRIPT, "restore", env_tool]
+    node_lmod = (lmod.command, lmod.init) if lmod.init is not None else ("", "")
+    argv = [
+        archdetect.bash_path(env),
+        "--noprofile",
+        "--norc",
+        "-c",
+        HELPER_SCRIPT,
+        "restore",
+        env_tool,
+        *node_lmod,
+    ]
+    child_env = envdelta.reload_environment(env)
+    for name, value in (start or {}).items():
+        if value is None:
+            child_env.pop(name, None)
+        else:
+            child_env[name] = value
     work = None
     work_fd = None
     try:
@@ -159,9 +194,7 @@ def reload_modules(env, modules, deadline: Deadline) -> Report:
             work = _make_work_dir(env)
             work_fd = _open_work_dir(work)
         try:
-            result = proc.run_child(
-                argv + list(modules), env=envdelta.reload_environment(env), deadline=deadline, cwd=work
-            )
+            result = proc.run_child(argv + list(modules), env=child_env, deadline=deadline, cwd=work)
         except OSError as err:
             raise RestoreFailed(f"cannot start the restore helper: {err.strerror}") from None
         return _read_report(work_fd, result, deadline)

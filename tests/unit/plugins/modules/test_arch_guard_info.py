@@ -94,7 +94,7 @@ def test_a_gpu_node_reports_its_accelerator(capsys, eessi, host):
 
 
 def test_a_failing_archdetect_is_archdetect_failed(capsys, eessi, host):
-    job_env = node_job_env(eessi[FIRST], ICELAKE, EESSI_MACHINE_TYPE="riscv64")
+    job_env = node_job_env(eessi[FIRST], ICELAKE, EESSI_MACHINE_TYPE="ppc64le")
 
     result = _info(capsys, eessi, None, versions=[FIRST], job_env=job_env)
 

@@ -7,6 +7,7 @@ import os
 import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard import (
+    archdetect,
     decide,
     decision,
     emit,
@@ -314,3 +315,20 @@ def test_every_accepted_timeout_can_bound_a_real_child(value):
 
 def test_without_the_timeout_variable_the_deadline_is_60_seconds():
     assert settings.timeout_seconds({}) == settings.DEFAULT_TIMEOUT_SECONDS == 60.0
+
+
+def test_the_overrides_of_eessi_s_module_in_the_job_are_named_as_its_own_choice():
+    detection = archdetect.Detection(["aarch64/nvidia/grace"], None, ["EESSI_SOFTWARE_SUBDIR_OVERRIDE=x"])
+    env = {
+        "EESSI_CPU_FAMILY_OVERRIDE": "x86_64",
+        "EESSI_ACCEL_SOFTWARE_SUBDIR_OVERRIDE": "",
+        "EESSI_VERSION_OVERRIDE": "2023.06",
+    }
+
+    note = decide.respected_overrides(detection, env)
+
+    assert note == (
+        "; EESSI_SOFTWARE_SUBDIR_OVERRIDE=x, EESSI_CPU_FAMILY_OVERRIDE=x86_64, "
+        "EESSI_VERSION_OVERRIDE=2023.06 respected as the job's own choice"
+    )
+    assert decide.respected_overrides(archdetect.Detection(["a/b"], None), {}) == ""

@@ -138,3 +138,18 @@ def test_a_node_fact_equal_to_the_task_s_is_not_repeated():
 
 def test_a_node_fact_neither_side_has_changes_nothing():
     assert envdelta.compute({"A": "1"}, {"A": "1"}, {"A": "1"}) == []
+
+
+def test_a_name_the_helper_restarted_with_another_value_is_compared_with_the_task_s():
+    # The helper's first Lmod call started without the job's LMOD_RC: even when the reload
+    # leaves it as the helper started it, the task's own value must go.
+    task = {"LMOD_RC": "/login/.lmod/lmodrc.lua", "LMOD_PACKAGE_PATH": "/login/.lmod"}
+    before = after = {"LMOD_RC": "/site/lmodrc.lua"}
+
+    assert envdelta.compute(task, before, after, restarted={"LMOD_RC": "/site/lmodrc.lua"}) == [
+        ("LMOD_RC", "/site/lmodrc.lua")
+    ]
+    assert envdelta.compute(task, {}, {}, restarted={"LMOD_PACKAGE_PATH": None}) == [
+        ("LMOD_PACKAGE_PATH", None)
+    ]
+    assert envdelta.compute(task, before, after) == []  # without it the task keeps the login's

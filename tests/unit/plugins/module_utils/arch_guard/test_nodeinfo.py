@@ -212,7 +212,7 @@ def test_a_version_without_its_archdetect_script_is_archdetect_failed(tmp_path):
 @pytest.mark.parametrize(
     ("node", "said"),
     [
-        pytest.param({"EESSI_MACHINE_TYPE": "riscv64"}, "archdetect -a cpupath exited 1", id="machine"),
+        pytest.param({"EESSI_MACHINE_TYPE": "ppc64le"}, "archdetect -a cpupath exited 1", id="machine"),
         pytest.param(
             {"EESSI_PROC_CPUINFO": "/nonexistent/cpuinfo"}, "archdetect -a cpupath exited 1", id="cpuinfo"
         ),
