@@ -139,7 +139,7 @@ def _family_note(env, target: str, lmod: family.NodeLmod) -> str:
     note = f"; CPU family {was_family}->{now_family}" if was_family and was_family != now_family else ""
     if lmod.init is not None:
         note += f"; Lmod of this node's family: {lmod.command} (the job's is in {lmod.job_layer})"
-    return "".join(char if char.isprintable() else "?" for char in note)
+    return escaped(note)
 
 
 def _no_lmod(env, lmod: family.NodeLmod, node: str, *, was: Node, now: Node):
