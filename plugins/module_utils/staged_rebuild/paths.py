@@ -123,10 +123,11 @@ class ModulePaths:
         return lua
 
     def staged_build(self, generation):
-        """Where the build in ``generation`` puts this module's install and module file."""
+        """Where the build in ``generation`` puts this module's install and module file: the
+        module file has the live one's name, as the build keeps its syntax (``syntax``)."""
         return (
             os.path.join(generation, "software", self.name, self.version),
-            os.path.join(generation, "modules", "all", self.name, self.version + ".lua"),
+            os.path.join(generation, "modules", "all", self.name, os.path.basename(self.module_file())),
         )
 
 

@@ -40,8 +40,11 @@ Progress = Callable[[str], None]
 
 
 def _build(backend: str, request: RebuildRequest, run_id: str) -> backends.Build:
-    names = [(entry.name, entry.version) for entry in request.module_paths(run_id)]
-    return backends.Build(backend, request.trees, request.trees.generation(run_id), names)
+    entries = request.module_paths(run_id)
+    names = [(entry.name, entry.version) for entry in entries]
+    return backends.Build(
+        backend, request.trees, request.trees.generation(run_id), names, request.module_syntax(run_id)
+    )
 
 
 def describe(request: RebuildRequest, backend: str) -> Dict[str, Any]:

@@ -27,7 +27,7 @@ from typing import Any, List, Mapping, Optional
 
 from ..common import errors
 from ..common.errors import setting
-from . import ledger, paths, settings
+from . import ledger, paths, settings, syntax
 from .backends import BACKENDS
 from .ledger import LedgerConfig
 from .records import AbsPath
@@ -87,6 +87,13 @@ class RebuildRequest:
             name, version = paths.parse_module(value)
             found.append(paths.ModulePaths(self.trees, name, version, run_id))
         return found
+
+    def module_syntax(self, run_id: str) -> str:
+        """The module syntax the build writes: the live module files' (``syntax.for_run``)."""
+        entries = self.module_paths(run_id)
+        return syntax.for_run(
+            [entry.module for entry in entries], [entry.module_file() for entry in entries], self.eb_args
+        )
 
     def ledger_settings(self) -> Optional[LedgerConfig]:
         """The ledger this run appends to; read again from its file for a journal that has
@@ -188,3 +195,4 @@ def _check_modules(request: RebuildRequest, run_id: str) -> None:
         paths.require_module_file_path(entry)
         if os.path.lexists(entry.retired_path):
             raise errors.UsageError(f"{entry.retired_path} exists already; pick another {setting('run_id')}")
+    request.module_syntax(run_id)

@@ -428,6 +428,7 @@ def _expected_command(site, *kept):
         str(FAKE_EB),
         *kept,
         "--rebuild",
+        "--module-syntax=Lua",
         f"--installpath-software={generation}/software",
         f"--installpath-modules={generation}/modules",
     ]

@@ -316,3 +316,48 @@ def test_the_request_round_trips_through_the_journal_s_records(site):
     )
 
     assert records.load(RebuildRequest, records.dump(request)) == request
+
+
+# the module syntax: the live file's, refused before anything is built when the run asks otherwise
+
+
+def _tcl_live(site):
+    (site / "apps" / "modules" / "all" / "TinyApp" / "1.0").write_text("#%Module\nset root /x\n")
+
+
+def test_a_tcl_live_module_is_built_as_tcl_whatever_the_site_s_default(site):
+    _tcl_live(site)
+
+    request = _resolve(site, environ={"EASYBUILD_MODULE_SYNTAX": "Lua"})
+
+    assert request.module_syntax("run1") == "Tcl"
+
+
+def test_a_tcl_live_module_with_an_explicit_lua_syntax_is_refused_before_anything_is_written(site):
+    _tcl_live(site)
+    before = sorted(str(path) for path in site.rglob("*"))
+
+    message = _refusal_with_args(site, ["--module-syntax=Lua", "TinyApp-1.0.eb"])
+
+    assert message == (
+        f"TinyApp/1.0's live module file {site}/apps/modules/all/TinyApp/1.0 is Tcl, and the EasyBuild "
+        "arguments ask for --module-syntax=Lua: a staged rebuild keeps each module's syntax "
+        "(give --module-syntax=Tcl or leave the option out)"
+    )
+    assert sorted(str(path) for path in site.rglob("*")) == before
+
+
+def test_a_lua_live_module_with_an_explicit_tcl_syntax_is_refused(site):
+    (site / "apps" / "modules" / "all" / "TinyApp" / "1.0.lua").write_text('local root = "/x"\n')
+
+    message = _refusal_with_args(site, ["--module-syntax", "Tcl", "TinyApp-1.0.eb"])
+
+    assert "is Lua, and the EasyBuild arguments ask for --module-syntax=Tcl" in message
+
+
+def _refusal_with_args(site, eb_args):
+    with pytest.raises(errors.UsageError) as raised:
+        _resolve(site, eb_args=eb_args)
+    message = settings.cli_message(raised.value)
+    assert "\n" not in message
+    return message

@@ -1,0 +1,140 @@
+"""Real sites' trees, made with plain ``eb`` from EasyBuild's own test material (the toy
+easyconfigs and the sandbox's easyblocks), rebuilt by ``eb-staged-rebuild`` with real
+EasyBuild, and loaded afterwards with both module tools, Lmod and Environment Modules 5.
+
+Module syntax: a staged rebuild keeps each live module file's syntax, whatever the site's
+default (the harness's EasyBuild environment says ``EASYBUILD_MODULE_SYNTAX=Lua``, EasyBuild
+5's own default); a run that asks for the other syntax is refused before EasyBuild starts.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.harness import toysite
+from tests.integration.harness.ebsite import EbSite, result_json
+
+TOY = "toy/0.0"
+LIBTOY = "libtoy/0.0"
+TOY_SAYS = "I'm a toy, and very proud of it."
+
+
+def _logs(site, module) -> set:
+    return {path.name for path in (site.live(module) / "easybuild").glob("easybuild-*.log")}
+
+
+@pytest.fixture
+def tcl_toy_site(eb_site_factory, toy_material) -> EbSite:
+    """A live toy whose module file plain ``eb --module-syntax=Tcl`` wrote (``modules/all/toy/0.0``)."""
+    site = eb_site_factory("root")
+    toysite.install(site, toy_material, TOY, eb_args=["--module-syntax=Tcl"])
+    assert (site.modules_all / "toy" / "0.0").read_text().startswith("#%Module")
+    return site
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "userns"])
+def test_a_tcl_module_rebuilt_under_a_lua_default_is_published_as_tcl_that_both_module_tools_load(
+    tcl_toy_site, toy_material, environment_modules, backend
+):
+    site = tcl_toy_site
+    module_file = site.modules_all / "toy" / "0.0"
+    old_bytes, old_logs = module_file.read_bytes(), _logs(site, TOY)
+    old_ino = site.live(TOY).stat().st_ino
+
+    done = site.rebuild([TOY], toy_material, backend=backend, env=toy_material.env())
+
+    result = result_json(done)
+    assert result["backend"] == backend
+    new_text = module_file.read_text()
+    assert new_text.startswith("#%Module")
+    assert f"set root {site.live(TOY)}\n" in new_text
+    assert not (site.modules_all / "toy" / "0.0.lua").exists()
+    assert site.live(TOY).stat().st_ino != old_ino
+    assert _logs(site, TOY)
+    assert _logs(site, TOY).isdisjoint(old_logs)  # the new build's log only
+    for loaded in (
+        toysite.load_with_lmod(site, TOY, "toy"),
+        toysite.load_with_environment_modules(site, environment_modules, TOY, "toy"),
+    ):
+        assert loaded.returncode == 0, loaded.stderr[-2000:]
+        assert loaded.stdout.strip() == TOY_SAYS
+
+    back = site.run_tool("--json", "rollback", result["run_id"], packages=toy_material)
+
+    assert back.returncode == 0, back.stderr[-2000:]
+    assert module_file.read_bytes() == old_bytes
+    assert site.live(TOY).stat().st_ino == old_ino
+    assert _logs(site, TOY) == old_logs
+    loaded = toysite.load_with_environment_modules(site, environment_modules, TOY, "toy")
+    assert (loaded.returncode, loaded.stdout.strip()) == (0, TOY_SAYS), loaded.stderr[-2000:]
+
+
+# Refusals: each before EasyBuild starts, on one live tree that none of them changes.
+
+
+@pytest.fixture(scope="module")
+def mixed_site(lmod, toy_material, tmp_path_factory):
+    """toy with a Tcl module file and libtoy with a Lua one, built once for the refusals."""
+    import checkout  # noqa: PLC0415 - the integration conftest puts testbed/ on sys.path
+    import stackenv  # noqa: PLC0415
+
+    root = tmp_path_factory.mktemp("mixed-site")
+    site = EbSite(root=root, user=None, lmod=lmod, eb=stackenv.find_eb())
+    for name in ("home", "tmp"):
+        (root / name).mkdir()
+    checkout.link_package(site.package_root)
+    toysite.install(site, toy_material, TOY, eb_args=["--module-syntax=Tcl"])
+    toysite.install(site, toy_material, LIBTOY, eb_args=["--module-syntax=Lua"])
+    return site
+
+
+def _refused_before_easybuild(site, material, modules, eb_args):
+    eb, started = toysite.counting_eb(site)
+    before = site.snapshot()
+    args = site.rebuild_args(modules, material, backend="userns", eb_args=eb_args)
+    args = [arg if not arg.startswith("--eb=") else f"--eb={eb}" for arg in args]
+
+    done = site.run_tool(*args, packages=material, env=material.env())
+
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("eb-staged-rebuild: ")
+    assert not started.exists()  # EasyBuild never ran
+    assert site.snapshot() == before
+    assert not site.journals()
+    return lines[0]
+
+
+def test_an_explicit_lua_syntax_for_a_tcl_module_is_refused_before_easybuild_runs(mixed_site, toy_material):
+    line = _refused_before_easybuild(mixed_site, toy_material, [TOY], ["--module-syntax=Lua"])
+
+    assert line == (
+        f"eb-staged-rebuild: toy/0.0's live module file {mixed_site.modules_all}/toy/0.0 is Tcl, and the "
+        "EasyBuild arguments ask for --module-syntax=Lua: a staged rebuild keeps each module's syntax "
+        "(give --module-syntax=Tcl or leave the option out)"
+    )
+
+
+def test_an_explicit_tcl_syntax_for_a_lua_module_is_refused_before_easybuild_runs(mixed_site, toy_material):
+    line = _refused_before_easybuild(mixed_site, toy_material, [LIBTOY], ["--module-syntax", "Tcl"])
+
+    assert f"{mixed_site.modules_all}/libtoy/0.0.lua is Lua, and the EasyBuild arguments ask for" in line
+    assert line.endswith("(give --module-syntax=Lua or leave the option out)")
+
+
+def test_a_tcl_and_a_lua_module_in_one_run_are_refused_before_easybuild_runs(mixed_site, toy_material):
+    line = _refused_before_easybuild(mixed_site, toy_material, [LIBTOY, TOY], [])
+
+    assert line == (
+        "eb-staged-rebuild: toy/0.0 has a Tcl module file and libtoy/0.0 a Lua one; EasyBuild writes one "
+        "module syntax per run: rebuild them in separate runs"
+    )
+
+
+def test_the_refusals_tree_is_one_that_both_module_tools_load(mixed_site, environment_modules):
+    tcl = toysite.load_with_environment_modules(mixed_site, environment_modules, TOY, "toy")
+    assert (tcl.returncode, tcl.stdout.strip()) == (0, TOY_SAYS), tcl.stderr[-2000:]
+    lua = toysite.load_with_lmod(mixed_site, LIBTOY, 'echo "$EBROOTLIBTOY"')
+    assert (lua.returncode, lua.stdout.strip()) == (0, str(mixed_site.live(LIBTOY))), lua.stderr[-2000:]
