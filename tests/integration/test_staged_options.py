@@ -303,7 +303,7 @@ def test_probe_recommends_a_validated_easybuild_when_this_one_is_older(eb_site_f
 
     version = tuple(int(part) for part in metadata.version("easybuild-framework").split("."))
     pinned = [line for line in report["recommendations"] if line.startswith("EasyBuild")]
-    assert len(pinned) == (1 if version < (5, 4, 2) else 0), report["recommendations"]
+    assert len(pinned) == (1 if version < (5, 4, 1) else 0), report["recommendations"]
 
 
 @pytest.mark.parametrize("mount", ["tmp", "fuse"])

@@ -546,6 +546,10 @@ def test_a_failed_build_fails_with_one_line_and_changes_nothing_live(live, capsy
     assert result["failed"] is True
     assert result["msg"].startswith("EasyBuild failed (exit 1)")
     assert "build.log" in result["msg"]
+    # The fields of the failure: where the log is, and EasyBuild's reason (the builder gave none).
+    assert result["build_log"].endswith("/build.log")
+    assert result["build_log"] in result["msg"]
+    assert result["easybuild_reason"] is None
     assert "\n" not in result["msg"]
     assert "exception" not in result
     assert live.trees() == before

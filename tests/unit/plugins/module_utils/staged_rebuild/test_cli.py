@@ -561,9 +561,18 @@ def test_a_failed_build_is_one_line_and_exit_2(installed, capsys, monkeypatch):
 
     captured = capsys.readouterr()
     assert code == 2
-    assert captured.out == ""
     last = captured.err.splitlines()[-1]
     assert last.startswith(PROG + "EasyBuild failed (exit 1); nothing was swapped")
+    # --json has the failure as a document too: the builder said nothing EasyBuild would.
+    failure = json.loads(captured.out)
+    log = str(installed.state_root / "runs" / "run1" / "build.log")
+    assert failure == {
+        "failed": True,
+        "msg": last[len(PROG) :],
+        "error": "publish_failed",
+        "easybuild_reason": None,
+        "build_log": log,
+    }
     assert "Traceback" not in captured.err
     assert installed.snapshot() == before
 
