@@ -9,6 +9,11 @@ default (the harness's EasyBuild environment says ``EASYBUILD_MODULE_SYNTAX=Lua`
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from tests.integration.harness import toysite
@@ -138,3 +143,77 @@ def test_the_refusals_tree_is_one_that_both_module_tools_load(mixed_site, enviro
     assert (tcl.returncode, tcl.stdout.strip()) == (0, TOY_SAYS), tcl.stderr[-2000:]
     lua = toysite.load_with_lmod(mixed_site, LIBTOY, 'echo "$EBROOTLIBTOY"')
     assert (lua.returncode, lua.stdout.strip()) == (0, str(mixed_site.live(LIBTOY))), lua.stderr[-2000:]
+
+
+# EasyBuild's own reason for a failed build reaches --json.
+
+
+def test_a_failing_sanity_check_fails_with_easybuild_s_reason_in_json_and_leaves_the_live_tree(
+    tcl_toy_site, toy_material, environment_modules
+):
+    site = tcl_toy_site
+    broken = site.scratch("broken") / "toy-0.0.eb"
+    text = toy_material.easyconfig("toy").read_text()
+    broken.write_text(text.replace("('bin/yot', 'bin/toy')", "('bin/yot', 'bin/nothere')"))
+    site.give(broken)
+    before = site.snapshot()
+    args = site.rebuild_args([TOY], toy_material, backend="userns")
+    args[-1] = str(broken)
+
+    done = site.run_tool(*args, packages=toy_material, env=toy_material.env())
+
+    assert done.returncode == 2, done.stderr[-2000:]
+    failure = json.loads(done.stdout)
+    assert failure["failed"] is True
+    assert failure["error"] == "publish_failed"
+    assert failure["easybuild_reason"].startswith("Installation of toy-0.0.eb failed: Sanity check failed: ")
+    assert "'bin/nothere'" in failure["easybuild_reason"]
+    assert Path(failure["build_log"]).is_file()
+    line = done.stderr.splitlines()[-1]
+    assert line == f"eb-staged-rebuild: {failure['msg']}"
+    assert f": {failure['easybuild_reason']}; nothing was swapped; its log is {failure['build_log']}" in line
+    assert site.snapshot() == before
+    loaded = toysite.load_with_environment_modules(site, environment_modules, TOY, "toy")
+    assert (loaded.returncode, loaded.stdout.strip()) == (0, TOY_SAYS), loaded.stderr[-2000:]
+
+
+# A site configured by EASYBUILD_PREFIX: sources, build path and repository under the prefix.
+
+
+def test_a_site_configured_by_its_prefix_rebuilds_with_the_sources_under_that_prefix(
+    eb_site_factory, toy_material
+):
+    site = eb_site_factory("root")
+    prefix = site.scratch("eb-prefix")
+    shutil.copytree(toy_material.sources, prefix / "sources")
+    by_prefix = {
+        "EASYBUILD_PREFIX": prefix,
+        "EASYBUILD_SOURCEPATH": None,
+        "EASYBUILD_BUILDPATH": None,
+        "EASYBUILD_REPOSITORYPATH": None,
+        "EASYBUILD_TMPDIR": None,
+    }
+    env = dict(toy_material.env(), **by_prefix)
+    install = subprocess.run(
+        [str(site.eb), str(toy_material.easyconfig("toy"))],
+        cwd=site.root,
+        env=site.eb_env(None, **env),
+        capture_output=True,
+        text=True,
+        timeout=toysite.EB_TIMEOUT,
+        check=False,
+    )
+    assert install.returncode == 0, install.stdout[-3000:]
+    old_ino = site.live(TOY).stat().st_ino
+    repository = prefix / "ebfiles_repo"
+    shutil.rmtree(repository)  # plain eb's copy: the rebuild must write its own there
+    args = site.rebuild_args([TOY], toy_material, backend="userns")
+
+    done = site.run_tool(*args, packages=None, env=env)
+
+    result = result_json(done)  # the sources were found under the prefix
+    assert result["state"] == "published"
+    assert site.live(TOY).stat().st_ino != old_ino
+    assert (repository / "toy" / "toy-0.0.eb").is_file()
+    loaded = toysite.load_with_lmod(site, TOY, "toy")
+    assert (loaded.returncode, loaded.stdout.strip()) == (0, TOY_SAYS), loaded.stderr[-2000:]

@@ -148,8 +148,11 @@ class Build:
 
     def placement_args(self):
         """The options that decide where and how EasyBuild writes, after the user's own: the
-        live module files' syntax, then the install paths of the backend."""
-        return module_syntax.placement(self.syntax) + self._install_placement()
+        live module files' syntax, then the install paths."""
+        # Every install path explicitly, data included: what is not given, EasyBuild derives
+        # from the site's --prefix (kept, for its sources and build paths), a live path.
+        data = ["--installpath-data=" + os.path.join(self.generation, "data")]
+        return module_syntax.placement(self.syntax) + data + self._install_placement()
 
     def _install_placement(self):
         if self.backend == "installpath":

@@ -5,6 +5,12 @@
 Options that could send the build somewhere else than the stage are removed, in both the
 ``--opt=value`` and ``--opt value`` forms, together with their ``EASYBUILD_*`` environment
 equivalents; ``--rebuild`` is added unless the user asked for ``--rebuild`` or ``--force``.
+
+``--prefix`` (``EASYBUILD_PREFIX``) stays: a site that configures EasyBuild by its prefix
+finds its sources, build directories and repository there, as with plain ``eb``. What the
+prefix would also decide, the install paths (``installpath``, and from it the software,
+module and data paths) and the bubblewrap install path, every backend gives explicitly
+(``backends.Build.placement_args``), and an explicit option beats the prefix.
 """
 
 from __future__ import annotations
@@ -13,7 +19,6 @@ import os
 
 # Options whose value is a path or a redirection (they take a value).
 _REDIRECTING_PREFIXES = ("--installpath", "--subdir-", "--bwrap")
-_REDIRECTING_EXACT = ("--prefix",)
 # Flags without a value that would touch the live install.
 _REDIRECTING_FLAGS = ("--remove-ghost-install-dirs",)
 _FORCING = ("--rebuild", "--force", "-f")
@@ -23,7 +28,6 @@ _FLAG_LIKE = ("--bwrap", "--remove-ghost-install-dirs")
 
 # Every long option of EasyBuild 5.4 that the prefixes above stand for.
 _REDIRECTING_NAMES = (
-    "--prefix",
     "--installpath",
     "--installpath-data",
     "--installpath-modules",
@@ -55,8 +59,7 @@ def _option_name(arg):
 
 def _redirects(name):
     return (
-        name in _REDIRECTING_EXACT
-        or name in _REDIRECTING_FLAGS
+        name in _REDIRECTING_FLAGS
         or any(name.startswith(prefix) for prefix in _REDIRECTING_PREFIXES)
         # An ambiguous abbreviation (--bwra): EasyBuild refuses it, and it is not passed on.
         or (len(name) > 2 and any(full.startswith(name) for full in _REDIRECTING_NAMES))

@@ -206,6 +206,7 @@ def test_installpath_places_software_and_modules_in_the_generation(tmp_path):
 
     assert build.placement_args() == [
         "--module-syntax=Lua",
+        f"--installpath-data={generation}/data",
         f"--installpath-software={generation}/software",
         f"--installpath-modules={generation}/modules",
     ]
@@ -217,6 +218,7 @@ def test_userns_places_software_at_the_live_path_and_modules_and_locks_in_the_ge
 
     assert build.placement_args() == [
         "--module-syntax=Lua",
+        f"--installpath-data={generation}/data",
         f"--installpath-software={tmp_path}/apps/software",
         f"--installpath-modules={generation}/modules",
         f"--locks-dir={generation}/software/.locks",
@@ -245,6 +247,7 @@ def test_bwrap_uses_easybuild_s_bubblewrap_mode_with_the_live_trees_read_only(tm
 
     assert build.placement_args() == [
         "--module-syntax=Lua",
+        f"--installpath-data={generation}/data",
         f"--installpath-modules={modules}",
         f"--locks-dir={generation}/software/.locks",
         "--experimental",
@@ -305,7 +308,7 @@ def test_bwrap_refuses_a_tree_path_with_a_comma(tmp_path, tree):
 def test_a_comma_in_the_install_path_is_no_problem_for_the_other_backends(tmp_path, backend):
     build = _build(backend, tmp_path, installpath=tmp_path / "apps,2")
 
-    assert build.placement_args()[1].startswith(f"--installpath-software={tmp_path}/apps,2/software")
+    assert build.placement_args()[2].startswith(f"--installpath-software={tmp_path}/apps,2/software")
 
 
 def test_the_command_puts_the_placement_after_the_user_s_safe_arguments(tmp_path):

@@ -429,6 +429,7 @@ def _expected_command(site, *kept):
         *kept,
         "--rebuild",
         "--module-syntax=Lua",
+        f"--installpath-data={generation}/data",
         f"--installpath-software={generation}/software",
         f"--installpath-modules={generation}/modules",
     ]
