@@ -36,6 +36,13 @@ from .journal import Journal, ModuleEntry, RunKind, RunState, StepKind
 from .request import RebuildRequest
 
 _SHOWN_BINARIES = 10
+# Why the installpath backend cannot publish most compiled packages, and what the host needs.
+UNRELOCATED_WHY = (
+    "EasyBuild writes the install path into binaries (RPATH, on by default since EasyBuild 5), and "
+    "the installpath backend builds elsewhere; the bwrap and userns backends build at the live path: "
+    "they need a working bubblewrap ('bwrap --dev-bind / / true') or user namespaces "
+    "(sysctl user.max_user_namespaces above 0)"
+)
 Progress = Callable[[str], None]
 
 
@@ -166,8 +173,9 @@ def _relocate(build: backends.Build, journal: Journal, allow_unrelocated: bool) 
     more = f" and {len(binaries) - _SHOWN_BINARIES} more" if len(binaries) > _SHOWN_BINARIES else ""
     if not allow_unrelocated:
         raise errors.PublishError(
-            f"binaries still name the build path {build.generation}: {shown}{more}; nothing was swapped "
-            f"({setting('allow_unrelocated')} publishes them as they are)"
+            f"binaries still name the build path {build.generation}: {shown}{more}; nothing was swapped. "
+            f"{UNRELOCATED_WHY} ({setting('allow_unrelocated')} publishes them as they are, "
+            "runnable only where the module environment finds their libraries)"
         )
     return [f"published with binaries that name the removed build path {build.generation}: {shown}{more}"]
 
