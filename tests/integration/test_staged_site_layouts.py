@@ -21,6 +21,7 @@ from tests.integration.harness.ebsite import EbSite, result_json
 
 TOY = "toy/0.0"
 LIBTOY = "libtoy/0.0"
+TOY_APP = "toy-app/0.0"
 TOY_SAYS = "I'm a toy, and very proud of it."
 
 
@@ -217,3 +218,24 @@ def test_a_site_configured_by_its_prefix_rebuilds_with_the_sources_under_that_pr
     assert (repository / "toy" / "toy-0.0.eb").is_file()
     loaded = toysite.load_with_lmod(site, TOY, "toy")
     assert (loaded.returncode, loaded.stdout.strip()) == (0, TOY_SAYS), loaded.stderr[-2000:]
+
+
+# Order: a dependency given after its dependent, without --robot, is still built first.
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "userns"])
+def test_libtoy_and_toy_app_given_dependent_first_are_rebuilt_and_published(
+    eb_site_factory, toy_material, backend
+):
+    site = eb_site_factory("root")
+    toysite.install(site, toy_material, LIBTOY, TOY_APP)
+    old = {module: site.live(module).stat().st_ino for module in (LIBTOY, TOY_APP)}
+
+    done = site.rebuild([TOY_APP, LIBTOY], toy_material, backend=backend, env=toy_material.env())
+
+    result = result_json(done)
+    assert result["state"] == "published"
+    assert all(site.live(module).stat().st_ino != old[module] for module in old)
+    loaded = toysite.load_with_lmod(site, TOY_APP, "toy-app")
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert loaded.stdout.strip() == "Hello from a toy function!"  # libtoy's, linked and loaded

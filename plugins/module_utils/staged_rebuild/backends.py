@@ -122,12 +122,13 @@ _SOFTWARE_VARIABLE = "EASYBUILD_INSTALLPATH_SOFTWARE"
 class Build:
     """One run's build: which backend, which modules, and the trees they go to."""
 
-    def __init__(self, backend, trees, generation, modules, syntax=module_syntax.LUA):
+    def __init__(self, backend, trees, generation, modules, syntax=module_syntax.LUA, order=()):  # noqa: PLR0917
         self.backend = backend
         self.trees = trees
         self.generation = generation
         self.modules = modules  # [(name, version)]
         self.syntax = syntax  # the module syntax of the live module files (``syntax``)
+        self.order = list(order)  # the modules as "Name/version", dependencies first
 
     @property
     def first_pass_software(self):
@@ -208,7 +209,7 @@ class Build:
         return views
 
     def command(self, eb, user_args):
-        return easybuild.command(eb, user_args, self.placement_args())
+        return easybuild.command(eb, user_args, self.placement_args(), self.order)
 
     def environment(self, base, eb):
         env = easybuild.with_own_python(easybuild.filter_env(base), eb)

@@ -122,11 +122,31 @@ def with_rebuild(args):
     return [*list(args), "--rebuild"]
 
 
-def command(eb, user_args, placement):
-    """The exact EasyBuild command: the user's safe arguments, then ``placement``, which wins.
+def in_dependency_order(args, order):
+    """``args`` with the easyconfigs of the run's modules in ``order`` (``Name/version``,
+    dependencies first), each in one of the places those easyconfigs held.
+
+    Without ``--robot`` EasyBuild builds the easyconfigs in the order given; a dependency
+    given after its dependent is then still an empty stage at its live path in a sandbox when
+    the dependent is built (plain ``eb`` would load the old live one). An easyconfig is the
+    module's when its file name is ``<Name>-<version>.eb``, as EasyBuild names them; every
+    other argument stays where it was.
+    """
+    rank = {module.replace("/", "-", 1) + ".eb": index for index, module in enumerate(order)}
+    places = [index for index, arg in enumerate(args) if os.path.basename(arg) in rank]
+    ordered = sorted((args[index] for index in places), key=lambda arg: rank[os.path.basename(arg)])
+    result = list(args)
+    for index, arg in zip(places, ordered):
+        result[index] = arg
+    return result
+
+
+def command(eb, user_args, placement, order=()):
+    """The exact EasyBuild command: the user's safe arguments (the run's easyconfigs in
+    dependency ``order``), then ``placement``, which wins.
 
     ``placement`` (the backend's install paths, lock directory, bubblewrap options) comes last:
     for an option given twice EasyBuild takes the last one.
     """
     kept, _removed = filter_args(user_args)
-    return [eb, *with_rebuild(kept), *placement]
+    return [eb, *with_rebuild(in_dependency_order(kept, order)), *placement]

@@ -50,7 +50,12 @@ def _build(backend: str, request: RebuildRequest, run_id: str) -> backends.Build
     entries = request.module_paths(run_id)
     names = [(entry.name, entry.version) for entry in entries]
     return backends.Build(
-        backend, request.trees, request.trees.generation(run_id), names, request.module_syntax(run_id)
+        backend,
+        request.trees,
+        request.trees.generation(run_id),
+        names,
+        request.module_syntax(run_id),
+        request.build_order(run_id),
     )
 
 

@@ -27,7 +27,7 @@ from typing import Any, List, Mapping, Optional
 
 from ..common import errors
 from ..common.errors import setting
-from . import ledger, paths, settings, syntax
+from . import ledger, modulefile, paths, settings, syntax
 from .backends import BACKENDS
 from .ledger import LedgerConfig
 from .records import AbsPath
@@ -94,6 +94,17 @@ class RebuildRequest:
         return syntax.for_run(
             [entry.module for entry in entries], [entry.module_file() for entry in entries], self.eb_args
         )
+
+    def build_order(self, run_id: str) -> List[str]:
+        """The run's modules, dependencies first, as their live module files say
+        (``modulefile.publish_order``); a module without a live module file has none."""
+        texts = {}
+        for entry in self.module_paths(run_id):
+            try:
+                texts[entry.module] = modulefile.read_text(entry.module_file())
+            except OSError:
+                texts[entry.module] = ""
+        return modulefile.publish_order(texts)
 
     def ledger_settings(self) -> Optional[LedgerConfig]:
         """The ledger this run appends to; read again from its file for a journal that has

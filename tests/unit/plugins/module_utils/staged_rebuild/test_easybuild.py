@@ -312,3 +312,33 @@ def test_command_puts_the_placement_last_so_it_wins():
 
     assert command[-2:] == ["--installpath-software=/s", "--installpath-modules=/m"]
     assert "/apps/software" not in command
+
+
+# in_dependency_order: the run's easyconfigs, dependencies first, in the places they held
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["/ecs/t/toy-app/toy-app-0.0.eb", "/ecs/l/libtoy/libtoy-0.0.eb"],
+            ["/ecs/l/libtoy/libtoy-0.0.eb", "/ecs/t/toy-app/toy-app-0.0.eb"],
+        ),
+        (
+            ["--robot", "toy-app-0.0.eb", "--trace", "libtoy-0.0.eb"],
+            ["--robot", "libtoy-0.0.eb", "--trace", "toy-app-0.0.eb"],
+        ),
+        (["libtoy-0.0.eb", "toy-app-0.0.eb"], ["libtoy-0.0.eb", "toy-app-0.0.eb"]),
+        (["other-1.0.eb", "toy-app-0.0.eb"], ["other-1.0.eb", "toy-app-0.0.eb"]),
+    ],
+)
+def test_in_dependency_order_puts_dependencies_first_and_leaves_the_rest(args, expected):
+    assert easybuild.in_dependency_order(args, ["libtoy/0.0", "toy-app/0.0"]) == expected
+
+
+def test_the_command_passes_the_run_s_easyconfigs_in_dependency_order():
+    command = easybuild.command(
+        "eb", ["toy-app-0.0.eb", "libtoy-0.0.eb"], ["--x"], ["libtoy/0.0", "toy-app/0.0"]
+    )
+
+    assert command == ["eb", "libtoy-0.0.eb", "toy-app-0.0.eb", "--rebuild", "--x"]

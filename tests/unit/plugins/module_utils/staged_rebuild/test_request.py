@@ -361,3 +361,19 @@ def _refusal_with_args(site, eb_args):
     message = settings.cli_message(raised.value)
     assert "\n" not in message
     return message
+
+
+def test_the_build_order_puts_a_dependency_first_as_the_live_module_files_say(site):
+    for name in ("libtoy", "toy-app"):
+        (site / "apps" / "software" / name / "0.0").mkdir(parents=True)
+        (site / "apps" / "modules" / "all" / name).mkdir(parents=True)
+    (site / "apps" / "modules" / "all" / "libtoy" / "0.0.lua").write_text('local root = "/x"\n')
+    (site / "apps" / "modules" / "all" / "toy-app" / "0.0.lua").write_text(
+        'local root = "/y"\ndepends_on("libtoy/0.0")\n'
+    )
+
+    request = _resolve(
+        site, modules=["toy-app/0.0", "libtoy/0.0"], eb_args=["toy-app-0.0.eb", "libtoy-0.0.eb"]
+    )
+
+    assert request.build_order("run1") == ["libtoy/0.0", "toy-app/0.0"]
