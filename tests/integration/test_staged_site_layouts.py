@@ -94,13 +94,13 @@ def mixed_site(lmod, toy_material, tmp_path_factory):
     return site
 
 
-def _refused_before_easybuild(site, material, modules, eb_args):
+def _refused_before_easybuild(site, material, modules, eb_args, env=None):
     eb, started = toysite.counting_eb(site)
     before = site.snapshot()
     args = site.rebuild_args(modules, material, backend="userns", eb_args=eb_args)
     args = [arg if not arg.startswith("--eb=") else f"--eb={eb}" for arg in args]
 
-    done = site.run_tool(*args, packages=material, env=material.env())
+    done = site.run_tool(*args, packages=material, env=dict(material.env(), **(env or {})))
 
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stdout == ""
@@ -136,6 +136,36 @@ def test_a_tcl_and_a_lua_module_in_one_run_are_refused_before_easybuild_runs(mix
     assert line == (
         "eb-staged-rebuild: toy/0.0 has a Tcl module file and libtoy/0.0 a Lua one; EasyBuild writes one "
         "module syntax per run: rebuild them in separate runs"
+    )
+
+
+def test_a_hierarchical_module_name_is_refused_before_easybuild_runs(mixed_site, toy_material):
+    args = mixed_site.rebuild_args([TOY], toy_material, backend="userns")
+    args[args.index(TOY)] = "Core/toy/0.0"
+    eb, started = toysite.counting_eb(mixed_site)
+    args = [arg if not arg.startswith("--eb=") else f"--eb={eb}" for arg in args]
+    before = mixed_site.snapshot()
+
+    done = mixed_site.run_tool(*args, packages=toy_material, env=toy_material.env())
+
+    assert done.returncode == 2
+    assert done.stderr == (
+        "eb-staged-rebuild: --module 'Core/toy/0.0' is not NAME/VERSION but a hierarchical module name; "
+        "staged rebuilds handle EasyBuild's flat naming only (EasyBuildMNS: modules/all/<Name>/<version>)\n"
+    )
+    assert not started.exists()
+    assert mixed_site.snapshot() == before
+
+
+def test_a_hierarchical_naming_scheme_is_refused_before_easybuild_runs(mixed_site, toy_material):
+    line = _refused_before_easybuild(
+        mixed_site, toy_material, [TOY], [], env={"EASYBUILD_MODULE_NAMING_SCHEME": "HierarchicalMNS"}
+    )
+
+    assert line == (
+        "eb-staged-rebuild: EASYBUILD_MODULE_NAMING_SCHEME=HierarchicalMNS names modules by another layout "
+        "than modules/all/<Name>/<version>; staged rebuilds handle EasyBuild's flat naming only "
+        "(EasyBuildMNS): rebuild these modules with plain eb"
     )
 
 

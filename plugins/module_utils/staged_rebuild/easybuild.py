@@ -104,6 +104,28 @@ def filter_env(env):
     return clean
 
 
+_NAMING_OPTION = "--module-naming-scheme"
+_NAMING_VARIABLE = "EASYBUILD_MODULE_NAMING_SCHEME"
+
+
+def naming_scheme(args, env):
+    """The module naming scheme the run's EasyBuild arguments or ``env`` name, and where:
+    ``(scheme, "--module-naming-scheme")``, ``(scheme, "EASYBUILD_MODULE_NAMING_SCHEME")``,
+    or ``(None, None)`` (EasyBuild's default, EasyBuildMNS, unless a configuration file says
+    otherwise)."""
+    found = None
+    for index, arg in enumerate(args):
+        if arg.startswith(_NAMING_OPTION + "="):
+            found = arg.split("=", 1)[1]
+        elif arg == _NAMING_OPTION and index + 1 < len(args):
+            found = args[index + 1]
+    if found is not None:
+        return found, _NAMING_OPTION
+    if env.get(_NAMING_VARIABLE):
+        return env[_NAMING_VARIABLE], _NAMING_VARIABLE
+    return None, None
+
+
 def with_own_python(env, eb):
     """``env`` in which the ``eb`` wrapper runs the Python installed beside it, if there is one.
 

@@ -27,7 +27,7 @@ from typing import Any, List, Mapping, Optional
 
 from ..common import errors
 from ..common.errors import setting
-from . import ledger, modulefile, paths, settings, syntax
+from . import easybuild, ledger, modulefile, paths, settings, syntax
 from .backends import BACKENDS
 from .ledger import LedgerConfig
 from .records import AbsPath
@@ -183,6 +183,7 @@ def resolve(values: Mapping[str, Any], environ: Mapping[str, str], eb_args: List
         ledger=ledger.load_config(given["ledger_config"]) if given["ledger_config"] else None,
         **given,
     )
+    _check_naming_scheme(request, environ)
     _check_modules(request, run_id)
     if not os.path.isfile(request.eb) or not os.access(request.eb, os.X_OK):
         raise errors.UsageError(
@@ -190,6 +191,18 @@ def resolve(values: Mapping[str, Any], environ: Mapping[str, str], eb_args: List
             f"({setting('eb')}, {settings.EB_VARIABLE})"
         )
     return request
+
+
+def _check_naming_scheme(request: RebuildRequest, environ: Mapping[str, str]) -> None:
+    """Refuse, before anything is built, a module naming scheme whose layout is not the flat
+    ``modules/all/<Name>/<version>`` that the module paths assume."""
+    scheme, given_as = easybuild.naming_scheme(request.eb_args, environ)
+    if scheme is not None and scheme != paths.FLAT_SCHEME:
+        said = f"{given_as}={scheme}"
+        raise errors.UsageError(
+            f"{said} names modules by another layout than modules/all/<Name>/<version>; staged rebuilds "
+            f"handle EasyBuild's flat naming only ({paths.FLAT_SCHEME}): rebuild these modules with plain eb"
+        )
 
 
 def _check_modules(request: RebuildRequest, run_id: str) -> None:

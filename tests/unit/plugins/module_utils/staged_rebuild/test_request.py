@@ -377,3 +377,57 @@ def test_the_build_order_puts_a_dependency_first_as_the_live_module_files_say(si
     )
 
     assert request.build_order("run1") == ["libtoy/0.0", "toy-app/0.0"]
+
+
+# hierarchical naming: refused before anything is built, saying so
+
+
+@pytest.mark.parametrize("value", ["Core/toy/0.0", "Compiler/GCC/6.4.0-2.28/toy/0.0"])
+def test_a_hierarchical_module_name_is_refused_as_such(site, value):
+    message = _refusal(site, modules=[value])
+
+    assert message == (
+        f"--module {value!r} is not NAME/VERSION but a hierarchical module name; staged rebuilds handle "
+        "EasyBuild's flat naming only (EasyBuildMNS: modules/all/<Name>/<version>)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("environ", "eb_args", "said"),
+    [
+        (
+            {"EASYBUILD_MODULE_NAMING_SCHEME": "HierarchicalMNS"},
+            [],
+            "EASYBUILD_MODULE_NAMING_SCHEME=HierarchicalMNS",
+        ),
+        ({}, ["--module-naming-scheme=HierarchicalMNS"], "--module-naming-scheme=HierarchicalMNS"),
+        ({}, ["--module-naming-scheme", "MigrateFromEBToHMNS"], "--module-naming-scheme=MigrateFromEBToHMNS"),
+        # The run's own option beats the site's variable, as in EasyBuild.
+        (
+            {"EASYBUILD_MODULE_NAMING_SCHEME": "EasyBuildMNS"},
+            ["--module-naming-scheme=CategorizedModuleNamingScheme"],
+            "--module-naming-scheme=CategorizedModuleNamingScheme",
+        ),
+    ],
+)
+def test_another_module_naming_scheme_is_refused_before_anything_is_built(site, environ, eb_args, said):
+    before = sorted(str(path) for path in site.rglob("*"))
+    with pytest.raises(errors.UsageError) as raised:
+        _resolve(site, environ, eb_args=[*eb_args, "TinyApp-1.0.eb"])
+
+    assert str(raised.value) == (
+        f"{said} names modules by another layout than modules/all/<Name>/<version>; staged rebuilds handle "
+        "EasyBuild's flat naming only (EasyBuildMNS): rebuild these modules with plain eb"
+    )
+    assert sorted(str(path) for path in site.rglob("*")) == before
+
+
+@pytest.mark.parametrize(
+    ("environ", "eb_args"),
+    [
+        ({"EASYBUILD_MODULE_NAMING_SCHEME": "EasyBuildMNS"}, []),
+        ({"EASYBUILD_MODULE_NAMING_SCHEME": "HierarchicalMNS"}, ["--module-naming-scheme=EasyBuildMNS"]),
+    ],
+)
+def test_the_flat_naming_scheme_is_accepted(site, environ, eb_args):
+    assert _resolve(site, environ, eb_args=[*eb_args, "TinyApp-1.0.eb"]).modules_requested == [APP]
