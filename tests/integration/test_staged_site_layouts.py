@@ -258,7 +258,7 @@ def test_libtoy_and_toy_app_given_dependent_first_are_rebuilt_and_published(
     eb_site_factory, toy_material, backend
 ):
     site = eb_site_factory("root")
-    toysite.install(site, toy_material, LIBTOY, TOY_APP)
+    toysite.install(site, toy_material, TOY_APP, eb_args=["--robot"])  # libtoy with it
     old = {module: site.live(module).stat().st_ino for module in (LIBTOY, TOY_APP)}
 
     done = site.rebuild([TOY_APP, LIBTOY], toy_material, backend=backend, env=toy_material.env())
