@@ -216,6 +216,12 @@ probes:
   description: What the sandbox probes found on the host (C(bwrap), C(userns), C(auto_backend), ...).
   returned: in check mode when a rebuild would run
   type: dict
+easybuild_configuration:
+  description:
+    - C(text), EasyBuild's configuration for the build (C(eb --show-config) of the command), or
+      C(error), why it could not be shown.
+  returned: in check mode when a rebuild would run
+  type: dict
 easybuild_reason:
   description:
     - EasyBuild's own reason for a failed build (its last C(ERROR:) line, else its C(== FAILED:) line);

@@ -15,7 +15,8 @@ import contextlib
 import os
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
-from ..common import errors
+from ..common import errors, proc
+from ..common.deadline import Deadline, DeadlineExceeded
 from ..common.errors import setting
 from . import (
     backends,
@@ -36,6 +37,7 @@ from .journal import Journal, ModuleEntry, RunKind, RunState, StepKind
 from .request import RebuildRequest
 
 _SHOWN_BINARIES = 10
+_SHOW_CONFIG_TIMEOUT = 120
 # Why the installpath backend cannot publish most compiled packages, and what the host needs.
 UNRELOCATED_WHY = (
     "EasyBuild writes the install path into binaries (RPATH, on by default since EasyBuild 5), and "
@@ -74,14 +76,41 @@ def describe(request: RebuildRequest, backend: str) -> Dict[str, Any]:
     }
 
 
-def dry_run(request: RebuildRequest) -> Dict[str, Any]:
-    """What a rebuild would do; writes nothing, takes no lock, runs nothing."""
+def easybuild_configuration(request: RebuildRequest, backend: str, env: Mapping[str, str]) -> Dict[str, Any]:
+    """``eb --show-config`` of the staged command in the staged environment: the configuration
+    EasyBuild would build with (``text``; each line says where the value came from: C for an
+    option, E for a variable, F for a configuration file, D for a default), or ``error``.
+
+    EasyBuild only reads its configuration for this and exits: it builds and creates nothing.
+    """
+    build = _build(backend, request, request.run_id or "")
+    argv = [*build.command(request.eb, request.eb_args), "--show-config"]
+    try:
+        done = proc.run_child(
+            argv, env=build.environment(dict(env), request.eb), deadline=Deadline(_SHOW_CONFIG_TIMEOUT)
+        )
+    except OSError as err:
+        return {"text": None, "error": f"cannot run {request.eb}: {err.strerror}"}
+    except DeadlineExceeded:
+        return {"text": None, "error": f"eb --show-config did not finish within {_SHOW_CONFIG_TIMEOUT} s"}
+    if done.returncode != 0:
+        said = proc.summary(done.stdout + done.stderr)
+        return {"text": None, "error": f"eb --show-config failed (exit {done.returncode}): {said}"}
+    return {"text": done.stdout.decode("utf-8", "replace"), "error": None}
+
+
+def dry_run(request: RebuildRequest, env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    """What a rebuild would do; writes nothing and takes no lock. It runs the sandbox probes
+    and, with ``env`` (EasyBuild's environment), ``eb --show-config`` of the staged command."""
     # Every probe once: the report shows them all, and the backend is chosen from them.
     probes = probe.sandbox_probes()
-    result = describe(request, backends.select(request.backend, probes))
+    backend = backends.select(request.backend, probes)
+    result = describe(request, backend)
     result.update(
         {"dry_run": True, "changed": False, "modules": list(request.modules_requested), "probes": probes}
     )
+    if env is not None:
+        result["easybuild_configuration"] = easybuild_configuration(request, backend, env)
     return result
 
 

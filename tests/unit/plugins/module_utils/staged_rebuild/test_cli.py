@@ -692,3 +692,49 @@ def test_a_state_root_that_is_not_utf_8_is_shown_escaped_and_json_says_which_str
     assert shown["escaped"] == ["/run/journal"]
     assert shown["run"]["journal"] == f"{tmp_path}/state-\\xff/runs/run1/journal.json"
     assert "\\ud" not in document  # no surrogate, escaped or not
+
+
+# the dry run shows the configuration EasyBuild would build with
+
+
+def test_dry_run_shows_easybuild_s_configuration_of_the_staged_command_and_builds_nothing(
+    installed, capsys, tmp_path
+):
+    before = installed.snapshot()
+
+    code = _main(installed, "--json", *_rebuild_args(installed, "--dry-run"))
+
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0
+    configuration = result["easybuild_configuration"]
+    assert configuration["error"] is None
+    # The test builder answers --show-config with the install paths of the staged command.
+    generation = installed.software / ".eb-staged-rebuild" / "run1"
+    assert f"installpath-software                     (C) = {generation}/software" in configuration["text"]
+    assert installed.snapshot() == before
+    assert not (tmp_path / "eb-calls.jsonl").exists()  # no build ran
+
+
+def test_dry_run_as_text_lists_easybuild_s_configuration(installed, capsys):
+    code = _main(installed, *_rebuild_args(installed, "--dry-run"))
+
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    start = lines.index("EasyBuild's configuration for this build (eb --show-config):")
+    assert "  # Current EasyBuild configuration" in lines[start:]
+    assert any(line.startswith("  installpath-modules ") for line in lines[start:])
+
+
+def test_dry_run_says_when_easybuild_cannot_show_its_configuration(installed, capsys, tmp_path):
+    failing = tmp_path / "failing-eb"
+    failing.write_text("#!/bin/sh\necho 'ERROR: no such option' >&2\nexit 2\n")
+    failing.chmod(0o755)
+
+    code = _main(installed, "--json", *_rebuild_args(installed, "--dry-run", f"--eb={failing}"))
+
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert result["easybuild_configuration"] == {
+        "text": None,
+        "error": "eb --show-config failed (exit 2): ERROR: no such option",
+    }
