@@ -55,8 +55,10 @@ def show_config(argv):
 
 
 def main(argv):
-    if "--show-config" in argv:
-        return show_config(argv)
+    return show_config(argv) if "--show-config" in argv else build(argv)
+
+
+def build(argv):
     if os.environ.get("FAKE_EB_ARGS_LOG"):
         with open(os.environ["FAKE_EB_ARGS_LOG"], "a") as log:
             log.write(json.dumps(argv) + "\n")
