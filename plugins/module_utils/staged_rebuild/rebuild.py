@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from ..common import errors, proc
@@ -81,10 +83,13 @@ def easybuild_configuration(request: RebuildRequest, backend: str, env: Mapping[
     EasyBuild would build with (``text``; each line says where the value came from: C for an
     option, E for a variable, F for a configuration file, D for a default), or ``error``.
 
-    EasyBuild only reads its configuration for this and exits: it builds and creates nothing.
+    EasyBuild only reads its configuration for this and exits, building nothing; it leaves its
+    temporary directory behind, so it is given one of its own (``--tmpdir``), removed after it,
+    and that one line is left out of the text.
     """
     build = _build(backend, request, request.run_id or "")
-    argv = [*build.command(request.eb, request.eb_args), "--show-config"]
+    scratch = tempfile.mkdtemp(prefix="eb-staged-rebuild-show-config-")
+    argv = [*build.command(request.eb, request.eb_args), "--tmpdir=" + scratch, "--show-config"]
     try:
         done = proc.run_child(
             argv, env=build.environment(dict(env), request.eb), deadline=Deadline(_SHOW_CONFIG_TIMEOUT)
@@ -93,10 +98,14 @@ def easybuild_configuration(request: RebuildRequest, backend: str, env: Mapping[
         return {"text": None, "error": f"cannot run {request.eb}: {err.strerror}"}
     except DeadlineExceeded:
         return {"text": None, "error": f"eb --show-config did not finish within {_SHOW_CONFIG_TIMEOUT} s"}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     if done.returncode != 0:
         said = proc.summary(done.stdout + done.stderr)
         return {"text": None, "error": f"eb --show-config failed (exit {done.returncode}): {said}"}
-    return {"text": done.stdout.decode("utf-8", "replace"), "error": None}
+    text = done.stdout.decode("utf-8", "replace")
+    shown = [line for line in text.splitlines(keepends=True) if not line.startswith("tmpdir ")]
+    return {"text": "".join(shown), "error": None}
 
 
 def dry_run(request: RebuildRequest, env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:

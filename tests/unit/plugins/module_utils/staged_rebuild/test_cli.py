@@ -738,3 +738,25 @@ def test_dry_run_says_when_easybuild_cannot_show_its_configuration(installed, ca
         "text": None,
         "error": "eb --show-config failed (exit 2): ERROR: no such option",
     }
+
+
+def test_dry_run_gives_easybuild_a_temporary_directory_of_its_own_and_removes_it(installed, capsys, tmp_path):
+    # EasyBuild 5.4.1 leaves its temporary directory behind after --show-config.
+    record = tmp_path / "tmpdir-given"
+    eb = tmp_path / "show-config-eb"
+    eb.write_text(
+        "#!/bin/sh\n"
+        "for arg; do case $arg in --tmpdir=*) dir=${arg#--tmpdir=};; esac; done\n"
+        f'mkdir "$dir/eb-left" && echo "$dir" > {record}\n'
+        'echo "tmpdir (C) = $dir"\necho "buildpath (E) = /site/build"\n'
+    )
+    eb.chmod(0o755)
+
+    code = _main(installed, "--json", *_rebuild_args(installed, "--dry-run", f"--eb={eb}"))
+
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert result["easybuild_configuration"] == {"text": "buildpath (E) = /site/build\n", "error": None}
+    given = record.read_text().strip()
+    assert given
+    assert not os.path.exists(given)
