@@ -37,12 +37,13 @@ declare -A why=(
   [ceph-mds]="the metadata server of that CephFS, which also keeps its locks"
   [ceph-common]="the ceph command that creates that CephFS's pools and filesystem"
   [ceph-fuse]="the CephFS FUSE client each cluster node mounts it with"
+  [tcl]="tclsh runs Environment Modules' modulecmd.tcl, the second module tool the tests load module files with"
 )
 case $profile in
   demo) wanted=(lmod bubblewrap munge slurmctld slurmd slurm-client) ;;
   test)
     wanted=(lmod bubblewrap munge slurmctld slurmd slurm-client acl bindfs shellcheck locales openssh-server
-      openssh-client glusterfs-server glusterfs-client ceph-mon ceph-osd ceph-mds ceph-common ceph-fuse) ;;
+      openssh-client glusterfs-server glusterfs-client ceph-mon ceph-osd ceph-mds ceph-common ceph-fuse tcl) ;;
   *) die "unknown profile '$profile' (expected demo or test)" ;;
 esac
 
@@ -148,4 +149,34 @@ if [ "$profile" = test ] && ! [ -f "$wheelhouse/.complete" ]; then
   "$venv/bin/python" -m pip wheel -q --disable-pip-version-check -w "$wheelhouse" $pins >"$log" 2>&1 ||
     { cat "$log" >&2; die "pip wheel of $pins failed"; }
   touch "$wheelhouse/.complete"
+fi
+
+# --- EasyBuild's own test material and a second module tool --------------------------------
+# The tests rebuild trees made from what EasyBuild tests itself with: the test/framework/ of
+# its source distribution (the toy easyconfigs, the sandbox's sources and easyblocks), of the
+# pinned version. Environment Modules 5 loads the results beside Lmod; its Debian package
+# conflicts with lmod, so it is unpacked here, not installed, and run with the system's tclsh.
+material=$venv/test-material
+if [ "$profile" = test ] && ! [ -f "$material/.complete" ]; then
+  framework=$(grep -E '^easybuild-framework==' "$lock" | cut -d' ' -f1)
+  say "fetching EasyBuild's test material ($framework source distribution) and Environment Modules"
+  rm -rf "$material"
+  mkdir -p "$material/download"
+  "$venv/bin/python" -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
+    -d "$material/download" "$framework" >"$log" 2>&1 || { cat "$log" >&2; die "pip download of $framework failed"; }
+  mkdir "$material/easybuild-framework"
+  tar -xzf "$material"/download/easybuild_framework-*.tar.gz -C "$material/easybuild-framework" \
+    --strip-components=1
+  # apt-get download needs the package lists; a machine that had every package may have none.
+  if ! (cd "$material/download" && apt-get download environment-modules) >"$log" 2>&1; then
+    "${as_root[@]}" apt-get update -q >"$log" 2>&1 || true
+    (cd "$material/download" && apt-get download environment-modules) >"$log" 2>&1 ||
+      { cat "$log" >&2; die "apt-get download environment-modules failed"; }
+  fi
+  dpkg -x "$material"/download/environment-modules_*.deb "$material/environment-modules"
+  [ -n "$(find "$material/environment-modules" -name modulecmd.tcl -print -quit)" ] ||
+    die "the environment-modules package has no modulecmd.tcl"
+  # The tests build as an unprivileged user too.
+  chmod -R a+rX "$material"
+  touch "$material/.complete"
 fi

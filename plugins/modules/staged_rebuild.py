@@ -216,6 +216,24 @@ probes:
   description: What the sandbox probes found on the host (C(bwrap), C(userns), C(auto_backend), ...).
   returned: in check mode when a rebuild would run
   type: dict
+easybuild_configuration:
+  description:
+    - C(text), EasyBuild's configuration for the build (C(eb --show-config) of the command), or
+      C(error), why it could not be shown.
+  returned: in check mode when a rebuild would run
+  type: dict
+easybuild_reason:
+  description:
+    - EasyBuild's own reason for a failed build (its last C(ERROR:) line, else its C(== FAILED:) line);
+      null when it said neither. The failure's C(msg) names it too.
+  returned: when EasyBuild ran and failed
+  type: str
+  sample: "Installation of toy-0.0.eb failed: Sanity check failed: no file found at 'bin/toy'"
+build_log:
+  description: EasyBuild's whole output of the failed build.
+  returned: when EasyBuild ran and failed
+  type: str
+  sample: /apps/.eb-staged-rebuild/runs/20261201T053043Z-89e721/build.log
 """
 
 import os

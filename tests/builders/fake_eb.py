@@ -6,6 +6,8 @@ positional ``Name-version.eb`` per module, and writes for each
 ``<software>/Name/version/PAYLOAD`` (and ``easybuild/Name-version.eb``), a Lua module file
 ``<modules>/all/Name/version.lua`` whose ``root`` is the install dir, and a module-class link
 ``<modules>/tools/Name/version.lua``, as EasyBuild does. Other options are ignored.
+With ``--show-config`` it prints its options in EasyBuild's ``--show-config`` form (``name
+(C) = value``) and exits without building, as EasyBuild does.
 
 Switches, from the environment (eb-staged-rebuild passes its environment on):
   FAKE_EB_PAYLOAD=TEXT          what PAYLOAD holds (default "new build")
@@ -15,7 +17,7 @@ Switches, from the environment (eb-staged-rebuild passes its environment on):
   FAKE_EB_WRITE_OUTSIDE=PATH    also write PATH (a hook escaping its install path)
   FAKE_EB_HANG=1                sleep until killed
   FAKE_EB_GATE=DIR              before building, create DIR/started and wait until DIR/go exists
-  FAKE_EB_ARGS_LOG=PATH         append the argument list, one JSON line per call
+  FAKE_EB_ARGS_LOG=PATH         append the argument list, one JSON line per build (not for --show-config)
   FAKE_EB_HELP_HEX=HEX          bytes (hex) put into each module file's help text, as they are
   FAKE_EB_DEEP=N                also leave a chain of N nested directories (deep/d/d/...) in
                                 each install, before FAKE_EB_FAIL fails it
@@ -67,7 +69,19 @@ def wait_at_gate(gate):
             time.sleep(0.02)
 
 
+def show_config(argv):
+    print("#\n# Current EasyBuild configuration\n#")
+    options, _easyconfigs = parse(argv)
+    for name, value in sorted(options.items()):
+        print(f"{name[2:]:<40} (C) = {value}")
+    return 0
+
+
 def main(argv):
+    return show_config(argv) if "--show-config" in argv else build(argv)
+
+
+def build(argv):
     if os.environ.get("FAKE_EB_ARGS_LOG"):
         with open(os.environ["FAKE_EB_ARGS_LOG"], "a") as log:
             log.write(json.dumps(argv) + "\n")

@@ -12,6 +12,7 @@ from tests.integration.harness.guard_slurm import slurm_guard
 from tests.integration.harness.mounts import fuse_dir
 from tests.integration.harness.slurm import private_data_jobs, slurm_cluster, slurm_partitions
 from tests.integration.harness.stack import easybuild, lmod, tiny_packages
+from tests.integration.harness.toysite import environment_modules, toy_material
 from tests.support.deep import deep_scratch
 from tests.support.locales import en_us_utf8
 from tests.support.staged import package_root, staged_site
@@ -26,6 +27,7 @@ __all__ = [
     "eb_site_factory",
     "eessi_prefix",
     "en_us_utf8",
+    "environment_modules",
     "fuse_dir",
     "glusterfs",
     "guard_site",
@@ -39,6 +41,7 @@ __all__ = [
     "slurm_partitions",
     "staged_site",
     "tiny_packages",
+    "toy_material",
     "unprivileged_user",
     "user_tmp_path",
 ]

@@ -26,7 +26,6 @@ WRITE_BITS = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
 SEALED = "--read-only-installdir"
 # The options the filter removes, each with a value that points at the canary (None: a flag).
 REMOVED = {
-    "--prefix": "{canary}",
     "--installpath": "{canary}",
     "--installpath-software": "{canary}/software",
     "--installpath-modules": "{canary}/modules",
@@ -37,11 +36,10 @@ REMOVED = {
     "--remove-ghost-install-dirs": None,
 }
 # EasyBuild's build directories and easyconfig repository at their defaults (under the
-# prefix), so that a prefix which got through the filter would write into the canary.
+# prefix), so that a prefix decides where they go.
 EB_STATE_AT_DEFAULTS = {"EASYBUILD_BUILDPATH": None, "EASYBUILD_REPOSITORYPATH": None}
 TOOL_DEFAULTS = ("EASYBUILD_INSTALLPATH_SOFTWARE", "EASYBUILD_INSTALLPATH_MODULES")
 ENVIRONMENT = {
-    "EASYBUILD_PREFIX": "{canary}",
     "EASYBUILD_INSTALLPATH": "{canary}",
     "EASYBUILD_INSTALLPATH_SOFTWARE": "{canary}/software",
     "EASYBUILD_INSTALLPATH_MODULES": "{canary}/modules",
@@ -170,6 +168,32 @@ def test_an_easybuild_variable_of_a_removed_option_does_not_change_where_the_bui
     assert result["state"] == "published"
     assert _greeting(site).stdout.strip() == NEW_GREETING
     assert sorted(os.listdir(canary)) == []
+
+
+# What the prefix places, at its defaults: EasyBuild's own state, never an install.
+PREFIX_STATE = {"build", "ebfiles_repo"}
+
+
+@pytest.mark.parametrize("given_as", ["option", "variable"])
+def test_the_prefix_reaches_easybuild_for_its_state_but_installs_stay_staged(eb_site_factory, given_as):
+    site, new = _lib_site(eb_site_factory, "user")
+    canary, _at_canary = _canary(site)
+    env = dict(EB_STATE_AT_DEFAULTS)
+    eb_args = ()
+    if given_as == "option":
+        eb_args = (f"--prefix={canary}",)
+    else:
+        env["EASYBUILD_PREFIX"] = str(canary)
+    args = site.rebuild_args((LIB,), new, backend="userns", eb_args=eb_args)
+
+    done = site.run_tool(*args, packages=new, env=env)
+
+    result = result_json(done)
+    assert result["state"] == "published"
+    assert _greeting(site).stdout.strip() == NEW_GREETING
+    # The repository got the rebuilt easyconfig under the prefix; no install went there.
+    assert set(os.listdir(canary)) <= PREFIX_STATE | {"tmp"}, os.listdir(canary)
+    assert (canary / "ebfiles_repo" / tinypkgs.LIB).is_dir()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -303,7 +327,7 @@ def test_probe_recommends_a_validated_easybuild_when_this_one_is_older(eb_site_f
 
     version = tuple(int(part) for part in metadata.version("easybuild-framework").split("."))
     pinned = [line for line in report["recommendations"] if line.startswith("EasyBuild")]
-    assert len(pinned) == (1 if version < (5, 4, 2) else 0), report["recommendations"]
+    assert len(pinned) == (1 if version < (5, 4, 1) else 0), report["recommendations"]
 
 
 @pytest.mark.parametrize("mount", ["tmp", "fuse"])

@@ -91,7 +91,8 @@ def test_a_build_without_evidence_is_not_swapped(staged_site):
     done = staged_site.rebuild(APP, env={"FAKE_EB_EVIDENCE": "none"})
 
     assert done.returncode == 2
-    assert "incomplete" in done.stderr
+    assert "the build installed no TinyApp/1.0: " in done.stderr
+    assert "(check that the easyconfigs given to EasyBuild build TinyApp/1.0)" in done.stderr
     assert staged_site.snapshot() == before
 
 

@@ -42,10 +42,18 @@ def _dashed(name: str) -> str:
 
 
 class HpcstackError(Exception):
-    """Root of the expected errors; ``str(err)`` is the one-line message."""
+    """Root of the expected errors; ``str(err)`` is the one-line message.
+
+    ``details`` are fields a front end shows beside the message (``--json``, a module's
+    failure): what a failed build's EasyBuild said, and where its log is.
+    """
 
     exit_code = EXIT_ERROR
     kind = "error"
+
+    def __init__(self, *args, details=None) -> None:
+        super().__init__(*args)
+        self.details = dict(details or {})
 
     def render(self, name_of=_dashed) -> str:  # no typing import: the guard's fast path loads this
         """The message with each setting it names spelt by ``name_of(setting)``."""

@@ -24,8 +24,8 @@ second pass): so it creates nothing in the live tree, and its own binds land out
 of the build, which finds the view at the live path.
 
 Every backend leaves, for each module, the install in ``<generation>/software/Name/version``
-and the module file in ``<generation>/modules/all/Name/version.lua``: the planner takes them
-from there.
+and the module file in ``<generation>/modules/all/Name/version.lua`` (``version`` for Tcl): the
+planner takes them from there.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from ..common import errors, proc
 from ..common.deadline import Deadline, DeadlineExceeded
 from ..common.errors import setting
 from . import bwrapinfo, easybuild, sandbox
+from . import syntax as module_syntax
 
 # Where a run names none, the site's choice in EB_STAGED_REBUILD_BACKEND (``settings``: the
 # build_host role writes it into the command), else auto.
@@ -121,11 +122,13 @@ _SOFTWARE_VARIABLE = "EASYBUILD_INSTALLPATH_SOFTWARE"
 class Build:
     """One run's build: which backend, which modules, and the trees they go to."""
 
-    def __init__(self, backend, trees, generation, modules):
+    def __init__(self, backend, trees, generation, modules, syntax=module_syntax.LUA, order=()):  # noqa: PLR0917
         self.backend = backend
         self.trees = trees
         self.generation = generation
         self.modules = modules  # [(name, version)]
+        self.syntax = syntax  # the module syntax of the live module files (``syntax``)
+        self.order = list(order)  # the modules as "Name/version", dependencies first
 
     @property
     def first_pass_software(self):
@@ -145,7 +148,14 @@ class Build:
         return os.path.join(self.stage_software, ".locks")
 
     def placement_args(self):
-        """The options that decide where EasyBuild writes, after the user's own."""
+        """The options that decide where and how EasyBuild writes, after the user's own: the
+        live module files' syntax, then the install paths."""
+        # Every install path explicitly, data included: what is not given, EasyBuild derives
+        # from the site's --prefix (kept, for its sources and build paths), a live path.
+        data = ["--installpath-data=" + os.path.join(self.generation, "data")]
+        return module_syntax.placement(self.syntax) + data + self._install_placement()
+
+    def _install_placement(self):
         if self.backend == "installpath":
             return [
                 "--installpath-software=" + self.stage_software,
@@ -199,7 +209,7 @@ class Build:
         return views
 
     def command(self, eb, user_args):
-        return easybuild.command(eb, user_args, self.placement_args())
+        return easybuild.command(eb, user_args, self.placement_args(), self.order)
 
     def environment(self, base, eb):
         env = easybuild.with_own_python(easybuild.filter_env(base), eb)

@@ -21,12 +21,38 @@ from ..common import errors, proc
 
 BUILD_LOG = "build.log"
 SETUP_FAILED = 125
+_ERROR = "ERROR:"
+_FAILED = "== FAILED:"
 _PR_SET_PDEATHSIG = 1
 
 
 def _is_step_line(line):
     # EasyBuild's progress: "== building...", "== COMPLETED: ..."; "== ..." lines are noise.
     return line.startswith("== ") and not line.startswith("== ...")
+
+
+def easybuild_reason(log_path: str) -> Optional[str]:
+    """EasyBuild's own reason for a failed run, from its output in ``log_path``: its last
+    ``ERROR:`` line, else its last ``== FAILED:`` line with the lines EasyBuild wrapped it
+    onto; None when it said neither (it was killed, or failed before it could say)."""
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as log:
+            lines = log.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if line.startswith(_ERROR):
+            return line[len(_ERROR) :].strip() or None
+    for index in range(len(lines) - 1, -1, -1):
+        if lines[index].startswith(_FAILED):
+            parts = [lines[index][len(_FAILED) :].strip()]
+            for more in lines[index + 1 :]:
+                # EasyBuild wraps its "== " lines at 80 columns; the next one starts with "==".
+                if not more.strip() or more.startswith(("==", " ")):
+                    break
+                parts.append(more.strip())
+            return " ".join(parts) or None
+    return None
 
 
 def _die_with_parent():
@@ -94,7 +120,10 @@ def run(
     if setup_error:
         raise errors.PublishError(f"the build sandbox failed: {setup_error}; nothing was built or swapped")
     if result.returncode != 0:
+        reason = easybuild_reason(log_path)
+        said = f": {reason}" if reason else ""
         raise errors.PublishError(
-            f"EasyBuild failed (exit {result.returncode}); nothing was swapped; its log is {log_path}"
+            f"EasyBuild failed (exit {result.returncode}){said}; nothing was swapped; its log is {log_path}",
+            details={"easybuild_reason": reason, "build_log": log_path},
         )
     return log_path

@@ -316,7 +316,12 @@ def main(argv=None, now=None):
     except errors.HpcstackError as err:
         if args.debug:
             raise
-        sys.stderr.write(f"{PROG}: {printable(settings.cli_message(err))}\n")
+        message = settings.cli_message(err)
+        sys.stderr.write(f"{PROG}: {printable(message)}\n")
+        if args.json and err.details:
+            # A build that ran and failed: what EasyBuild said, as fields (the modules' too).
+            failure = {**commands.failure_details(err), "failed": True, "msg": message}
+            _write(sys.stdout, _json(dict(failure, error=commands.failure_kind(err))))
         return err.exit_code
     except OSError as err:
         if args.debug:

@@ -66,6 +66,12 @@ def failure_message(err, name_of=settings.flag) -> str:
     return f"{err.strerror or err}{where}"
 
 
+def failure_details(err) -> dict:
+    """The fields an error carries beside its message (a failed build's ``easybuild_reason``
+    and ``build_log``); none for an error of the system."""
+    return dict(err.details) if isinstance(err, errors.HpcstackError) else {}
+
+
 def failure_kind(err) -> str:
     """The stable name of an error's kind, for a playbook to test (``lock_held``: retry)."""
     return err.kind if isinstance(err, errors.HpcstackError) else "os_error"
@@ -97,7 +103,7 @@ def rebuild_if_changed(request, state_root, progress, env, dry_run=False) -> dic
 def run_rebuild(request, state_root, progress, env, dry_run=False) -> dict:
     """Build and publish; with ``dry_run`` what it would do (``changed`` says whether it would)."""
     if dry_run:
-        result = rebuild.dry_run(request)
+        result = rebuild.dry_run(request, env)
         result["would_change"] = True
         return result
     return rebuild.rebuild(request, state_root, progress, env)

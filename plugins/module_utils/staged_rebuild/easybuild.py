@@ -5,6 +5,12 @@
 Options that could send the build somewhere else than the stage are removed, in both the
 ``--opt=value`` and ``--opt value`` forms, together with their ``EASYBUILD_*`` environment
 equivalents; ``--rebuild`` is added unless the user asked for ``--rebuild`` or ``--force``.
+
+``--prefix`` (``EASYBUILD_PREFIX``) stays: a site that configures EasyBuild by its prefix
+finds its sources, build directories and repository there, as with plain ``eb``. What the
+prefix would also decide, the install paths (``installpath``, and from it the software,
+module and data paths) and the bubblewrap install path, every backend gives explicitly
+(``backends.Build.placement_args``), and an explicit option beats the prefix.
 """
 
 from __future__ import annotations
@@ -13,7 +19,6 @@ import os
 
 # Options whose value is a path or a redirection (they take a value).
 _REDIRECTING_PREFIXES = ("--installpath", "--subdir-", "--bwrap")
-_REDIRECTING_EXACT = ("--prefix",)
 # Flags without a value that would touch the live install.
 _REDIRECTING_FLAGS = ("--remove-ghost-install-dirs",)
 _FORCING = ("--rebuild", "--force", "-f")
@@ -23,7 +28,6 @@ _FLAG_LIKE = ("--bwrap", "--remove-ghost-install-dirs")
 
 # Every long option of EasyBuild 5.4 that the prefixes above stand for.
 _REDIRECTING_NAMES = (
-    "--prefix",
     "--installpath",
     "--installpath-data",
     "--installpath-modules",
@@ -55,8 +59,7 @@ def _option_name(arg):
 
 def _redirects(name):
     return (
-        name in _REDIRECTING_EXACT
-        or name in _REDIRECTING_FLAGS
+        name in _REDIRECTING_FLAGS
         or any(name.startswith(prefix) for prefix in _REDIRECTING_PREFIXES)
         # An ambiguous abbreviation (--bwra): EasyBuild refuses it, and it is not passed on.
         or (len(name) > 2 and any(full.startswith(name) for full in _REDIRECTING_NAMES))
@@ -101,6 +104,28 @@ def filter_env(env):
     return clean
 
 
+_NAMING_OPTION = "--module-naming-scheme"
+_NAMING_VARIABLE = "EASYBUILD_MODULE_NAMING_SCHEME"
+
+
+def naming_scheme(args, env):
+    """The module naming scheme the run's EasyBuild arguments or ``env`` name, and where:
+    ``(scheme, "--module-naming-scheme")``, ``(scheme, "EASYBUILD_MODULE_NAMING_SCHEME")``,
+    or ``(None, None)`` (EasyBuild's default, EasyBuildMNS, unless a configuration file says
+    otherwise)."""
+    found = None
+    for index, arg in enumerate(args):
+        if arg.startswith(_NAMING_OPTION + "="):
+            found = arg.split("=", 1)[1]
+        elif arg == _NAMING_OPTION and index + 1 < len(args):
+            found = args[index + 1]
+    if found is not None:
+        return found, _NAMING_OPTION
+    if env.get(_NAMING_VARIABLE):
+        return env[_NAMING_VARIABLE], _NAMING_VARIABLE
+    return None, None
+
+
 def with_own_python(env, eb):
     """``env`` in which the ``eb`` wrapper runs the Python installed beside it, if there is one.
 
@@ -119,11 +144,31 @@ def with_rebuild(args):
     return [*list(args), "--rebuild"]
 
 
-def command(eb, user_args, placement):
-    """The exact EasyBuild command: the user's safe arguments, then ``placement``, which wins.
+def in_dependency_order(args, order):
+    """``args`` with the easyconfigs of the run's modules in ``order`` (``Name/version``,
+    dependencies first), each in one of the places those easyconfigs held.
+
+    Without ``--robot`` EasyBuild builds the easyconfigs in the order given; a dependency
+    given after its dependent is then still an empty stage at its live path in a sandbox when
+    the dependent is built (plain ``eb`` would load the old live one). An easyconfig is the
+    module's when its file name is ``<Name>-<version>.eb``, as EasyBuild names them; every
+    other argument stays where it was.
+    """
+    rank = {module.replace("/", "-", 1) + ".eb": index for index, module in enumerate(order)}
+    places = [index for index, arg in enumerate(args) if os.path.basename(arg) in rank]
+    ordered = sorted((args[index] for index in places), key=lambda arg: rank[os.path.basename(arg)])
+    result = list(args)
+    for index, arg in zip(places, ordered):
+        result[index] = arg
+    return result
+
+
+def command(eb, user_args, placement, order=()):
+    """The exact EasyBuild command: the user's safe arguments (the run's easyconfigs in
+    dependency ``order``), then ``placement``, which wins.
 
     ``placement`` (the backend's install paths, lock directory, bubblewrap options) comes last:
     for an option given twice EasyBuild takes the last one.
     """
     kept, _removed = filter_args(user_args)
-    return [eb, *with_rebuild(kept), *placement]
+    return [eb, *with_rebuild(in_dependency_order(kept, order)), *placement]

@@ -61,7 +61,8 @@ def run(call, check_mode, diff_mode=False, snapshot=None, progress=None):
     becomes ``changed``. In diff mode ``snapshot()`` is taken before and after; in check mode
     the after is the prediction: each live directory replaced, or a retired file gone.
     ``failure`` holds ``fail_json``'s arguments: ``msg``, one line that names the module's
-    options, and ``error``, the error's stable kind (``lock_held``: another run holds the lock).
+    options, and ``error``, the error's stable kind (``lock_held``: another run holds the lock),
+    and the error's details (a failed build's ``easybuild_reason`` and ``build_log``).
     With ``progress`` (the list the call appended its progress lines to), both carry it as
     ``progress``. Both are valid Unicode (``unicode_result``).
     """
@@ -77,6 +78,7 @@ def run(call, check_mode, diff_mode=False, snapshot=None, progress=None):
             result["diff"] = {"before": render(before), "after": render(after)}
     except commands.FAILURES as err:
         failure = {
+            **commands.failure_details(err),
             "msg": commands.failure_message(err, name_of=option_name),
             "error": commands.failure_kind(err),
         }

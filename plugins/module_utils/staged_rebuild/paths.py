@@ -30,6 +30,8 @@ _COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*\Z")
 # \Z, not $: "$" also matches before a final newline, which would let "run1\n" through.
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 GENERATIONS = ".eb-staged-rebuild"
+# The one module naming scheme whose layout this module describes.
+FLAT_SCHEME = "EasyBuildMNS"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +64,11 @@ class Trees:
 def parse_module(value):
     """``Name/version`` -> ``(name, version)``; anything that could leave a root is refused."""
     parts = value.split("/")
+    if len(parts) > 2 and all(_COMPONENT.match(part) for part in parts):
+        raise errors.UsageError(
+            f"{setting('modules')} {value!r} is not NAME/VERSION but a hierarchical module name; staged "
+            f"rebuilds handle EasyBuild's flat naming only ({FLAT_SCHEME}: modules/all/<Name>/<version>)"
+        )
     if len(parts) != 2 or not all(_COMPONENT.match(part) for part in parts):
         raise errors.UsageError(
             f"{setting('modules')} {value!r} is not NAME/VERSION of plain names "
@@ -123,10 +130,11 @@ class ModulePaths:
         return lua
 
     def staged_build(self, generation):
-        """Where the build in ``generation`` puts this module's install and module file."""
+        """Where the build in ``generation`` puts this module's install and module file: the
+        module file has the live one's name, as the build keeps its syntax (``syntax``)."""
         return (
             os.path.join(generation, "software", self.name, self.version),
-            os.path.join(generation, "modules", "all", self.name, self.version + ".lua"),
+            os.path.join(generation, "modules", "all", self.name, os.path.basename(self.module_file())),
         )
 
 

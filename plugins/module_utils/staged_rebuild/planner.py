@@ -161,8 +161,8 @@ def plan(journal, trees, generation, *, prepare=None, env=None):
         staged_install, staged_module = module_paths.staged_build(generation)
         if not os.path.isdir(staged_install) or not has_build_evidence(staged_install):
             raise errors.PublishError(
-                f"the build of {entry.module} is incomplete: {staged_install} has no PAYLOAD "
-                "and no easybuild/*.eb"
+                f"the build installed no {entry.module}: {staged_install} has no easybuild/*.eb "
+                f"(check that the easyconfigs given to EasyBuild build {entry.module}); nothing was swapped"
             )
         with journal.step(StepKind.MARKER, entry):
             # A sealed install stays sealed: the marker gets no write bit either.

@@ -49,8 +49,8 @@ SHARED_FILESYSTEMS = {
         "renames": "set performance.stat-prefetch off (or performance.md-cache-timeout 0) on the volume",
     },
 }
-# The first release the design accepts for the pipeline.
-EASYBUILD_VALIDATED = (5, 4, 2)
+# The release the integration tests run (the pin in requirements/): the oldest one validated.
+EASYBUILD_VALIDATED = (5, 4, 1)
 EB_VERSION_PATTERN = re.compile(r"This is EasyBuild (\d+)\.(\d+)\.(\d+)")
 _EB_TIMEOUT = 60
 
@@ -144,8 +144,8 @@ def recommendations(report):
     if version is None or tuple(int(part) for part in version.split(".")) < EASYBUILD_VALIDATED:
         validated = ".".join(map(str, EASYBUILD_VALIDATED))
         lines.append(
-            f"EasyBuild: {version or 'not found'}; pin the pipeline to {validated} or a newer release "
-            "validated by the integration test"
+            f"EasyBuild: {version or 'not found'}; pin the pipeline to {validated} (the release the "
+            "integration tests validate) or a newer validated release"
         )
     return lines
 

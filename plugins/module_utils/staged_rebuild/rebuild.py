@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
-from ..common import errors
+from ..common import errors, proc
+from ..common.deadline import Deadline, DeadlineExceeded
 from ..common.errors import setting
 from . import (
     backends,
@@ -36,12 +39,28 @@ from .journal import Journal, ModuleEntry, RunKind, RunState, StepKind
 from .request import RebuildRequest
 
 _SHOWN_BINARIES = 10
+_SHOW_CONFIG_TIMEOUT = 120
+# Why the installpath backend cannot publish most compiled packages, and what the host needs.
+UNRELOCATED_WHY = (
+    "EasyBuild writes the install path into binaries (RPATH, on by default since EasyBuild 5), and "
+    "the installpath backend builds elsewhere; the bwrap and userns backends build at the live path: "
+    "they need a working bubblewrap ('bwrap --dev-bind / / true') or user namespaces "
+    "(sysctl user.max_user_namespaces above 0)"
+)
 Progress = Callable[[str], None]
 
 
 def _build(backend: str, request: RebuildRequest, run_id: str) -> backends.Build:
-    names = [(entry.name, entry.version) for entry in request.module_paths(run_id)]
-    return backends.Build(backend, request.trees, request.trees.generation(run_id), names)
+    entries = request.module_paths(run_id)
+    names = [(entry.name, entry.version) for entry in entries]
+    return backends.Build(
+        backend,
+        request.trees,
+        request.trees.generation(run_id),
+        names,
+        request.module_syntax(run_id),
+        request.build_order(run_id),
+    )
 
 
 def describe(request: RebuildRequest, backend: str) -> Dict[str, Any]:
@@ -59,14 +78,48 @@ def describe(request: RebuildRequest, backend: str) -> Dict[str, Any]:
     }
 
 
-def dry_run(request: RebuildRequest) -> Dict[str, Any]:
-    """What a rebuild would do; writes nothing, takes no lock, runs nothing."""
+def easybuild_configuration(request: RebuildRequest, backend: str, env: Mapping[str, str]) -> Dict[str, Any]:
+    """``eb --show-config`` of the staged command in the staged environment: the configuration
+    EasyBuild would build with (``text``; each line says where the value came from: C for an
+    option, E for a variable, F for a configuration file, D for a default), or ``error``.
+
+    EasyBuild only reads its configuration for this and exits, building nothing; it leaves its
+    temporary directory behind, so it is given one of its own (``--tmpdir``), removed after it,
+    and that one line is left out of the text.
+    """
+    build = _build(backend, request, request.run_id or "")
+    scratch = tempfile.mkdtemp(prefix="eb-staged-rebuild-show-config-")
+    argv = [*build.command(request.eb, request.eb_args), "--tmpdir=" + scratch, "--show-config"]
+    try:
+        done = proc.run_child(
+            argv, env=build.environment(dict(env), request.eb), deadline=Deadline(_SHOW_CONFIG_TIMEOUT)
+        )
+    except OSError as err:
+        return {"text": None, "error": f"cannot run {request.eb}: {err.strerror}"}
+    except DeadlineExceeded:
+        return {"text": None, "error": f"eb --show-config did not finish within {_SHOW_CONFIG_TIMEOUT} s"}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if done.returncode != 0:
+        said = proc.summary(done.stdout + done.stderr)
+        return {"text": None, "error": f"eb --show-config failed (exit {done.returncode}): {said}"}
+    text = done.stdout.decode("utf-8", "replace")
+    shown = [line for line in text.splitlines(keepends=True) if not line.startswith("tmpdir ")]
+    return {"text": "".join(shown), "error": None}
+
+
+def dry_run(request: RebuildRequest, env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    """What a rebuild would do; writes nothing and takes no lock. It runs the sandbox probes
+    and, with ``env`` (EasyBuild's environment), ``eb --show-config`` of the staged command."""
     # Every probe once: the report shows them all, and the backend is chosen from them.
     probes = probe.sandbox_probes()
-    result = describe(request, backends.select(request.backend, probes))
+    backend = backends.select(request.backend, probes)
+    result = describe(request, backend)
     result.update(
         {"dry_run": True, "changed": False, "modules": list(request.modules_requested), "probes": probes}
     )
+    if env is not None:
+        result["easybuild_configuration"] = easybuild_configuration(request, backend, env)
     return result
 
 
@@ -163,8 +216,9 @@ def _relocate(build: backends.Build, journal: Journal, allow_unrelocated: bool) 
     more = f" and {len(binaries) - _SHOWN_BINARIES} more" if len(binaries) > _SHOWN_BINARIES else ""
     if not allow_unrelocated:
         raise errors.PublishError(
-            f"binaries still name the build path {build.generation}: {shown}{more}; nothing was swapped "
-            f"({setting('allow_unrelocated')} publishes them as they are)"
+            f"binaries still name the build path {build.generation}: {shown}{more}; nothing was swapped. "
+            f"{UNRELOCATED_WHY} ({setting('allow_unrelocated')} publishes them as they are, "
+            "runnable only where the module environment finds their libraries)"
         )
     return [f"published with binaries that name the removed build path {build.generation}: {shown}{more}"]
 

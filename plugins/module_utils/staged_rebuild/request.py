@@ -27,7 +27,7 @@ from typing import Any, List, Mapping, Optional
 
 from ..common import errors
 from ..common.errors import setting
-from . import ledger, paths, settings
+from . import easybuild, ledger, modulefile, paths, settings, syntax
 from .backends import BACKENDS
 from .ledger import LedgerConfig
 from .records import AbsPath
@@ -87,6 +87,24 @@ class RebuildRequest:
             name, version = paths.parse_module(value)
             found.append(paths.ModulePaths(self.trees, name, version, run_id))
         return found
+
+    def module_syntax(self, run_id: str) -> str:
+        """The module syntax the build writes: the live module files' (``syntax.for_run``)."""
+        entries = self.module_paths(run_id)
+        return syntax.for_run(
+            [entry.module for entry in entries], [entry.module_file() for entry in entries], self.eb_args
+        )
+
+    def build_order(self, run_id: str) -> List[str]:
+        """The run's modules, dependencies first, as their live module files say
+        (``modulefile.publish_order``); a module without a live module file has none."""
+        texts = {}
+        for entry in self.module_paths(run_id):
+            try:
+                texts[entry.module] = modulefile.read_text(entry.module_file())
+            except OSError:
+                texts[entry.module] = ""
+        return modulefile.publish_order(texts)
 
     def ledger_settings(self) -> Optional[LedgerConfig]:
         """The ledger this run appends to; read again from its file for a journal that has
@@ -165,6 +183,7 @@ def resolve(values: Mapping[str, Any], environ: Mapping[str, str], eb_args: List
         ledger=ledger.load_config(given["ledger_config"]) if given["ledger_config"] else None,
         **given,
     )
+    _check_naming_scheme(request, environ)
     _check_modules(request, run_id)
     if not os.path.isfile(request.eb) or not os.access(request.eb, os.X_OK):
         raise errors.UsageError(
@@ -172,6 +191,18 @@ def resolve(values: Mapping[str, Any], environ: Mapping[str, str], eb_args: List
             f"({setting('eb')}, {settings.EB_VARIABLE})"
         )
     return request
+
+
+def _check_naming_scheme(request: RebuildRequest, environ: Mapping[str, str]) -> None:
+    """Refuse, before anything is built, a module naming scheme whose layout is not the flat
+    ``modules/all/<Name>/<version>`` that the module paths assume."""
+    scheme, given_as = easybuild.naming_scheme(request.eb_args, environ)
+    if scheme is not None and scheme != paths.FLAT_SCHEME:
+        said = f"{given_as}={scheme}"
+        raise errors.UsageError(
+            f"{said} names modules by another layout than modules/all/<Name>/<version>; staged rebuilds "
+            f"handle EasyBuild's flat naming only ({paths.FLAT_SCHEME}): rebuild these modules with plain eb"
+        )
 
 
 def _check_modules(request: RebuildRequest, run_id: str) -> None:
@@ -188,3 +219,4 @@ def _check_modules(request: RebuildRequest, run_id: str) -> None:
         paths.require_module_file_path(entry)
         if os.path.lexists(entry.retired_path):
             raise errors.UsageError(f"{entry.retired_path} exists already; pick another {setting('run_id')}")
+    request.module_syntax(run_id)

@@ -426,6 +426,12 @@ def _rebuild_dry_run(result: Mapping[str, Any]) -> str:
     if result["removed_environment"]:
         removed = " ".join(map(printable, result["removed_environment"]))
         lines += wrap("Left out of EasyBuild's environment: " + removed)
+    configuration = result.get("easybuild_configuration")
+    if configuration and configuration["text"] is not None:
+        lines.append("EasyBuild's configuration for this build (eb --show-config):")
+        lines += [f"  {printable(line)}" for line in configuration["text"].splitlines() if line.strip()]
+    elif configuration:
+        lines += wrap(f"EasyBuild's configuration could not be shown: {printable(configuration['error'])}")
     return _done(lines)
 
 

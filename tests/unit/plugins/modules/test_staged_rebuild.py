@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import backends
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import backends, rebuild
 from ansible_collections.hpcstack.ops.plugins.modules import staged_rebuild
 from tests.support.module_runner import APP, assert_failed_with, run_module, warnings_of
 from tests.support.staged import FAKE_EB, StagedSite, snapshot
@@ -394,7 +394,13 @@ def test_an_unrelocated_binary_is_refused(live, capsys, monkeypatch):
 
     assert result["failed"] is True
     assert result["msg"].startswith("binaries still name the build path ")
-    assert result["msg"].endswith("(allow_unrelocated publishes them as they are)")
+    # Why (EasyBuild's RPATH) and what the host needs instead, then the way to accept them.
+    assert f"; nothing was swapped. {rebuild.UNRELOCATED_WHY} (allow_unrelocated publishes" in result["msg"]
+    assert "sysctl user.max_user_namespaces" in result["msg"]
+    assert result["msg"].endswith(
+        "(allow_unrelocated publishes them as they are, runnable only where the module environment "
+        "finds their libraries)"
+    )
     assert "\n" not in result["msg"]
     assert live.trees() == before
 
@@ -546,6 +552,10 @@ def test_a_failed_build_fails_with_one_line_and_changes_nothing_live(live, capsy
     assert result["failed"] is True
     assert result["msg"].startswith("EasyBuild failed (exit 1)")
     assert "build.log" in result["msg"]
+    # The fields of the failure: where the log is, and EasyBuild's reason (the builder gave none).
+    assert result["build_log"].endswith("/build.log")
+    assert result["build_log"] in result["msg"]
+    assert result["easybuild_reason"] is None
     assert "\n" not in result["msg"]
     assert "exception" not in result
     assert live.trees() == before

@@ -205,6 +205,8 @@ def test_installpath_places_software_and_modules_in_the_generation(tmp_path):
     generation = tmp_path / "apps" / "software" / ".eb-staged-rebuild" / "run1"
 
     assert build.placement_args() == [
+        "--module-syntax=Lua",
+        f"--installpath-data={generation}/data",
         f"--installpath-software={generation}/software",
         f"--installpath-modules={generation}/modules",
     ]
@@ -215,6 +217,8 @@ def test_userns_places_software_at_the_live_path_and_modules_and_locks_in_the_ge
     generation = tmp_path / "apps" / "software" / ".eb-staged-rebuild" / "run1"
 
     assert build.placement_args() == [
+        "--module-syntax=Lua",
+        f"--installpath-data={generation}/data",
         f"--installpath-software={tmp_path}/apps/software",
         f"--installpath-modules={generation}/modules",
         f"--locks-dir={generation}/software/.locks",
@@ -242,6 +246,8 @@ def test_bwrap_uses_easybuild_s_bubblewrap_mode_with_the_live_trees_read_only(tm
     generation = f"{software}/.eb-staged-rebuild/run1"
 
     assert build.placement_args() == [
+        "--module-syntax=Lua",
+        f"--installpath-data={generation}/data",
         f"--installpath-modules={modules}",
         f"--locks-dir={generation}/software/.locks",
         "--experimental",
@@ -302,7 +308,7 @@ def test_bwrap_refuses_a_tree_path_with_a_comma(tmp_path, tree):
 def test_a_comma_in_the_install_path_is_no_problem_for_the_other_backends(tmp_path, backend):
     build = _build(backend, tmp_path, installpath=tmp_path / "apps,2")
 
-    assert build.placement_args()[0].startswith(f"--installpath-software={tmp_path}/apps,2/software")
+    assert build.placement_args()[2].startswith(f"--installpath-software={tmp_path}/apps,2/software")
 
 
 def test_the_command_puts_the_placement_after_the_user_s_safe_arguments(tmp_path):
@@ -440,3 +446,15 @@ def test_check_has_nothing_to_check_for_the_other_backends(tmp_path, backend):
     build = _build(backend, tmp_path)
 
     assert build.check() is None
+
+
+@pytest.mark.parametrize("backend", ["installpath", "userns", "bwrap"])
+def test_every_backend_tells_easybuild_the_live_module_syntax(tmp_path, backend):
+    _live_entries(tmp_path, ["1.0"])
+    trees = paths.Trees.from_installpath(str(tmp_path / "apps"))
+    build = backends.Build(backend, trees, trees.generation("run1"), [("Tiny", "1.0")], "Tcl")
+
+    assert build.placement_args()[0] == "--module-syntax=Tcl"
+    command = build.command("/opt/eb/bin/eb", ["--module-syntax=Lua", "Tiny-1.0.eb"])
+    # For an option given twice EasyBuild takes the last one: the live syntax comes after.
+    assert command.index("--module-syntax=Tcl") > command.index("--module-syntax=Lua")

@@ -146,15 +146,69 @@ def test_output_that_is_not_utf_8_is_kept_with_replacement_characters(tmp_path, 
 # failures
 
 
-def test_a_failing_build_raises_publish_error_naming_its_exit_code_and_log(tmp_path, run_dir):
+def test_a_failing_build_raises_publish_error_naming_its_exit_code_easybuild_s_reason_and_log(
+    tmp_path, run_dir
+):
     eb = _eb_printing(tmp_path, [*EB_OUTPUT[:4], "ERROR: build failed"], exit_code=3)
 
     with pytest.raises(errors.PublishError) as caught:
         _run([eb], run_dir)
 
-    assert str(caught.value) == (
-        f"EasyBuild failed (exit 3); nothing was swapped; its log is {run_dir / 'build.log'}"
+    log = run_dir / "build.log"
+    assert (
+        str(caught.value) == f"EasyBuild failed (exit 3): build failed; nothing was swapped; its log is {log}"
     )
+    assert caught.value.details == {"easybuild_reason": "build failed", "build_log": str(log)}
+
+
+# What EasyBuild 5.4 prints when a sanity check fails: its "== FAILED:" line wrapped at 80
+# columns, then the summary, then the "ERROR:" line in one piece.
+SANITY_FAILURE = [
+    "== FAILED: Installation ended unsuccessfully: Sanity check failed: no file found",
+    "at 'bin/yot' or 'bin/nothere' in /apps/software/toy/0.0 (took 0",
+    "secs)",
+    "== Results of the build can be found in the log file(s) ",
+    "/tmp/eb-h31l5ges/easybuild-toy-0.0-20261204.175505.HbOoV.log",
+    "== Summary:",
+    "   * [FAILED]  toy/0.0",
+    "",
+    "",
+    "ERROR: Installation of toy-0.0.eb failed: Sanity check failed: no file found at 'bin/yot' or "
+    "'bin/nothere' in /apps/software/toy/0.0",
+    "",
+]
+
+
+def test_easybuild_s_reason_is_its_last_error_line(tmp_path):
+    log = tmp_path / "build.log"
+    log.write_text("ERROR: an earlier one\n" + "\n".join(SANITY_FAILURE))
+
+    assert buildrun.easybuild_reason(str(log)) == (
+        "Installation of toy-0.0.eb failed: Sanity check failed: no file found at 'bin/yot' or "
+        "'bin/nothere' in /apps/software/toy/0.0"
+    )
+
+
+def test_without_an_error_line_the_reason_is_the_failed_line_with_its_wrapped_lines(tmp_path):
+    log = tmp_path / "build.log"
+    log.write_text("\n".join(SANITY_FAILURE[:7]) + "\n")
+
+    assert buildrun.easybuild_reason(str(log)) == (
+        "Installation ended unsuccessfully: Sanity check failed: no file found at 'bin/yot' or "
+        "'bin/nothere' in /apps/software/toy/0.0 (took 0 secs)"
+    )
+
+
+@pytest.mark.parametrize("text", ["", "== building...\n", "an ERROR: inside a line\n"])
+def test_output_without_easybuild_s_words_has_no_reason(tmp_path, text):
+    log = tmp_path / "build.log"
+    log.write_text(text)
+
+    assert buildrun.easybuild_reason(str(log)) is None
+
+
+def test_a_missing_log_has_no_reason(tmp_path):
+    assert buildrun.easybuild_reason(str(tmp_path / "none.log")) is None
 
 
 def test_a_failing_build_keeps_its_whole_output_in_the_log(tmp_path, run_dir):
@@ -173,6 +227,7 @@ def test_a_build_killed_by_a_signal_is_a_failure(tmp_path, run_dir):
         _run([eb], run_dir)
 
     assert str(caught.value).startswith("EasyBuild failed (exit -9); nothing was swapped")
+    assert caught.value.details["easybuild_reason"] is None
 
 
 def test_a_missing_command_is_refused_with_one_line(tmp_path, run_dir):

@@ -428,6 +428,8 @@ def _expected_command(site, *kept):
         str(FAKE_EB),
         *kept,
         "--rebuild",
+        "--module-syntax=Lua",
+        f"--installpath-data={generation}/data",
         f"--installpath-software={generation}/software",
         f"--installpath-modules={generation}/modules",
     ]
@@ -560,9 +562,18 @@ def test_a_failed_build_is_one_line_and_exit_2(installed, capsys, monkeypatch):
 
     captured = capsys.readouterr()
     assert code == 2
-    assert captured.out == ""
     last = captured.err.splitlines()[-1]
     assert last.startswith(PROG + "EasyBuild failed (exit 1); nothing was swapped")
+    # --json has the failure as a document too: the builder said nothing EasyBuild would.
+    failure = json.loads(captured.out)
+    log = str(installed.state_root / "runs" / "run1" / "build.log")
+    assert failure == {
+        "failed": True,
+        "msg": last[len(PROG) :],
+        "error": "publish_failed",
+        "easybuild_reason": None,
+        "build_log": log,
+    }
     assert "Traceback" not in captured.err
     assert installed.snapshot() == before
 
@@ -694,3 +705,71 @@ def test_a_state_root_that_is_not_utf_8_is_shown_escaped_and_json_says_which_str
     assert shown["escaped"] == ["/run/modules/0/live_record", "/run/journal"]
     assert shown["run"]["journal"] == f"{tmp_path}/state-\\xff/runs/run1/journal.json"
     assert "\\ud" not in document  # no surrogate, escaped or not
+
+
+# the dry run shows the configuration EasyBuild would build with
+
+
+def test_dry_run_shows_easybuild_s_configuration_of_the_staged_command_and_builds_nothing(
+    installed, capsys, tmp_path
+):
+    before = installed.snapshot()
+
+    code = _main(installed, "--json", *_rebuild_args(installed, "--dry-run"))
+
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0
+    configuration = result["easybuild_configuration"]
+    assert configuration["error"] is None
+    # The test builder answers --show-config with the install paths of the staged command.
+    generation = installed.software / ".eb-staged-rebuild" / "run1"
+    assert f"installpath-software                     (C) = {generation}/software" in configuration["text"]
+    assert installed.snapshot() == before
+    assert not (tmp_path / "eb-calls.jsonl").exists()  # no build ran
+
+
+def test_dry_run_as_text_lists_easybuild_s_configuration(installed, capsys):
+    code = _main(installed, *_rebuild_args(installed, "--dry-run"))
+
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    start = lines.index("EasyBuild's configuration for this build (eb --show-config):")
+    assert "  # Current EasyBuild configuration" in lines[start:]
+    assert any(line.startswith("  installpath-modules ") for line in lines[start:])
+
+
+def test_dry_run_says_when_easybuild_cannot_show_its_configuration(installed, capsys, tmp_path):
+    failing = tmp_path / "failing-eb"
+    failing.write_text("#!/bin/sh\necho 'ERROR: no such option' >&2\nexit 2\n")
+    failing.chmod(0o755)
+
+    code = _main(installed, "--json", *_rebuild_args(installed, "--dry-run", f"--eb={failing}"))
+
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert result["easybuild_configuration"] == {
+        "text": None,
+        "error": "eb --show-config failed (exit 2): ERROR: no such option",
+    }
+
+
+def test_dry_run_gives_easybuild_a_temporary_directory_of_its_own_and_removes_it(installed, capsys, tmp_path):
+    # EasyBuild 5.4.1 leaves its temporary directory behind after --show-config.
+    record = tmp_path / "tmpdir-given"
+    eb = tmp_path / "show-config-eb"
+    eb.write_text(
+        "#!/bin/sh\n"
+        "for arg; do case $arg in --tmpdir=*) dir=${arg#--tmpdir=};; esac; done\n"
+        f'mkdir "$dir/eb-left" && echo "$dir" > {record}\n'
+        'echo "tmpdir (C) = $dir"\necho "buildpath (E) = /site/build"\n'
+    )
+    eb.chmod(0o755)
+
+    code = _main(installed, "--json", *_rebuild_args(installed, "--dry-run", f"--eb={eb}"))
+
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert result["easybuild_configuration"] == {"text": "buildpath (E) = /site/build\n", "error": None}
+    given = record.read_text().strip()
+    assert given
+    assert not os.path.exists(given)

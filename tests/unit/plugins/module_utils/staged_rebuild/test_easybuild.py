@@ -1,6 +1,6 @@
 """The EasyBuild command of a staged build: redirecting options out, ``--rebuild`` in.
 
-The option names are EasyBuild 5.4's (``eb --help``): ``--prefix``, ``--installpath``,
+The option names are EasyBuild 5.4's (``eb --help``): ``--installpath``,
 ``--installpath-data``, ``--installpath-modules``, ``--installpath-software``,
 ``--subdir-*``, ``--bwrap``, ``--bwrap-installpath``, ``--bwrap-options`` and
 ``--remove-ghost-install-dirs``. EasyBuild reads each option also from ``EASYBUILD_<NAME>``
@@ -19,7 +19,6 @@ from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import
 LIVE = "/apps"
 # Options that take a value (EasyBuild's ``store`` options among the redirecting ones).
 VALUED = (
-    "--prefix",
     "--installpath",
     "--installpath-data",
     "--installpath-modules",
@@ -102,12 +101,20 @@ def test_filter_args_keeps_everything_else_in_order():
 
 
 def test_filter_args_keeps_easyconfigs_between_removed_options():
-    args = ["--prefix", "/apps", "A-1.eb", "--bwrap", "B-2.eb", "--subdir-software=sw", "C-3.eb"]
+    args = ["--installpath", "/apps", "A-1.eb", "--bwrap", "B-2.eb", "--subdir-software=sw", "C-3.eb"]
 
     kept, removed = easybuild.filter_args(args)
 
     assert kept == ["A-1.eb", "B-2.eb", "C-3.eb"]
-    assert removed == ["--prefix", "/apps", "--bwrap", "--subdir-software=sw"]
+    assert removed == ["--installpath", "/apps", "--bwrap", "--subdir-software=sw"]
+
+
+@pytest.mark.parametrize(
+    "args", [["--prefix", "/site/eb", "A-1.eb"], ["--prefix=/site/eb", "A-1.eb"], ["--prefi=/x"]]
+)
+def test_filter_args_keeps_the_prefix_which_places_sources_and_build_paths(args):
+    # The install paths the prefix would also decide are given explicitly after it.
+    assert easybuild.filter_args(args) == (args, [])
 
 
 def test_filter_args_of_nothing_is_nothing():
@@ -128,13 +135,13 @@ def test_filter_args_leaves_its_input_alone():
         "--enable-bwrap",
         "--enable-remove-ghost-install-dirs",
         "--remove-ghost",
-        f"--prefi={LIVE}",
+        f"--installpath-s={LIVE}",
     ],
 )
 def test_filter_args_removes_the_spellings_easybuild_accepts_for_a_redirecting_option(alias):
     # EasyBuild 5.4.1 reads each of these as the redirecting option itself (checked with
     # ``eb <alias> --show-config``): --enable-<flag> sets a boolean, and optparse expands an
-    # unambiguous abbreviation (--prefi is only --prefix, --remove-ghost only
+    # unambiguous abbreviation (--installpath-s is only --installpath-software, --remove-ghost only
     # --remove-ghost-install-dirs).
     kept, removed = easybuild.filter_args([alias, "TinyApp-1.0.eb"])
 
@@ -216,7 +223,6 @@ def test_with_rebuild_is_not_fooled_by_lookalikes(lookalike):
 @pytest.mark.parametrize(
     "variable",
     [
-        "EASYBUILD_PREFIX",
         "EASYBUILD_INSTALLPATH",
         "EASYBUILD_INSTALLPATH_SOFTWARE",
         "EASYBUILD_INSTALLPATH_MODULES",
@@ -239,6 +245,7 @@ def test_filter_env_drops_the_variables_of_redirecting_options(variable):
 @pytest.mark.parametrize(
     "variable",
     [
+        "EASYBUILD_PREFIX",
         "EASYBUILD_ROBOT_PATHS",
         "EASYBUILD_SOURCEPATH",
         "EASYBUILD_BUILDPATH",
@@ -305,3 +312,33 @@ def test_command_puts_the_placement_last_so_it_wins():
 
     assert command[-2:] == ["--installpath-software=/s", "--installpath-modules=/m"]
     assert "/apps/software" not in command
+
+
+# in_dependency_order: the run's easyconfigs, dependencies first, in the places they held
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["/ecs/t/toy-app/toy-app-0.0.eb", "/ecs/l/libtoy/libtoy-0.0.eb"],
+            ["/ecs/l/libtoy/libtoy-0.0.eb", "/ecs/t/toy-app/toy-app-0.0.eb"],
+        ),
+        (
+            ["--robot", "toy-app-0.0.eb", "--trace", "libtoy-0.0.eb"],
+            ["--robot", "libtoy-0.0.eb", "--trace", "toy-app-0.0.eb"],
+        ),
+        (["libtoy-0.0.eb", "toy-app-0.0.eb"], ["libtoy-0.0.eb", "toy-app-0.0.eb"]),
+        (["other-1.0.eb", "toy-app-0.0.eb"], ["other-1.0.eb", "toy-app-0.0.eb"]),
+    ],
+)
+def test_in_dependency_order_puts_dependencies_first_and_leaves_the_rest(args, expected):
+    assert easybuild.in_dependency_order(args, ["libtoy/0.0", "toy-app/0.0"]) == expected
+
+
+def test_the_command_passes_the_run_s_easyconfigs_in_dependency_order():
+    command = easybuild.command(
+        "eb", ["toy-app-0.0.eb", "libtoy-0.0.eb"], ["--x"], ["libtoy/0.0", "toy-app/0.0"]
+    )
+
+    assert command == ["eb", "libtoy-0.0.eb", "toy-app-0.0.eb", "--rebuild", "--x"]

@@ -445,8 +445,11 @@ def test_plan_refuses_a_build_without_evidence_and_moves_nothing(site):
     with pytest.raises(errors.PublishError) as raised:
         _planned(site, APP, build_env={"FAKE_EB_EVIDENCE": "none"})
 
-    assert "the build of TinyApp/1.0 is incomplete" in str(raised.value)
-    assert "has no PAYLOAD and no easybuild/*.eb" in str(raised.value)
+    staged = site.software / ".eb-staged-rebuild" / "run1" / "software" / "TinyApp" / "1.0"
+    assert str(raised.value) == (
+        f"the build installed no TinyApp/1.0: {staged} has no easybuild/*.eb (check that the "
+        "easyconfigs given to EasyBuild build TinyApp/1.0); nothing was swapped"
+    )
     assert _live_state(site, APP) == before
     assert not os.path.lexists(site.software / "TinyApp" / ".1.0.run1")
 
@@ -456,7 +459,7 @@ def test_plan_refuses_a_run_whose_build_wrote_nothing(site):
     generation = trees.generation("run1")
     os.makedirs(generation)
 
-    with pytest.raises(errors.PublishError, match="is incomplete"):
+    with pytest.raises(errors.PublishError, match=r"the build installed no TinyApp/1\.0"):
         planner.plan(journal, trees, generation)
 
 

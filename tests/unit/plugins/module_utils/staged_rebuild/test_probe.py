@@ -8,14 +8,16 @@ temporary directory (as root, where bubblewrap and user namespaces work).
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 
 import pytest
 
+import checkout
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors, mountinfo
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import probe
 
-BANNER = "This is EasyBuild 5.4.1 (framework: 5.4.1, easyblocks: 5.4.1) on host node01."
+BANNER = "This is EasyBuild 5.4.0 (framework: 5.4.0, easyblocks: 5.4.0) on host node01."
 # A report in which nothing needs a recommendation.
 FINE = {
     "filesystem": "ext4",
@@ -62,7 +64,7 @@ def test_no_recommendation_when_everything_works():
     assert probe.recommendations(FINE) == []
 
 
-@pytest.mark.parametrize("version", ["5.4.2", "5.4.10", "5.10.0", "6.0.0"])
+@pytest.mark.parametrize("version", ["5.4.1", "5.4.2", "5.4.10", "5.10.0", "6.0.0"])
 def test_no_easybuild_recommendation_for_the_validated_release_or_a_newer_one(version):
     assert probe.recommendations(_report(easybuild_version=version)) == []
 
@@ -95,13 +97,13 @@ def test_no_easybuild_recommendation_for_the_validated_release_or_a_newer_one(ve
         ),
         (
             {"easybuild_version": None},
-            "EasyBuild: not found; pin the pipeline to 5.4.2 or a newer release validated by the "
-            "integration test",
+            "EasyBuild: not found; pin the pipeline to 5.4.1 (the release the integration tests "
+            "validate) or a newer validated release",
         ),
         (
-            {"easybuild_version": "5.4.1"},
-            "EasyBuild: 5.4.1; pin the pipeline to 5.4.2 or a newer release validated by the "
-            "integration test",
+            {"easybuild_version": "5.4.0"},
+            "EasyBuild: 5.4.0; pin the pipeline to 5.4.1 (the release the integration tests "
+            "validate) or a newer validated release",
         ),
     ],
     ids=["bwrap", "userns", "exchange", "shared-filesystem", "no-easybuild", "old-easybuild"],
@@ -215,20 +217,20 @@ def test_several_findings_give_one_line_each_in_a_fixed_order():
 def test_easybuild_version_parses_the_banner_of_eb_version(tmp_path):
     eb = _eb(tmp_path, f'echo "{BANNER}"\n')
 
-    assert probe.easybuild_version(eb) == (5, 4, 1)
+    assert probe.easybuild_version(eb) == (5, 4, 0)
 
 
 def test_easybuild_version_passes_version_to_eb(tmp_path):
     eb = _eb(tmp_path, f'[ "$1" = --version ] && echo "{BANNER}"\n')
 
-    assert probe.easybuild_version(eb) == (5, 4, 1)
+    assert probe.easybuild_version(eb) == (5, 4, 0)
 
 
 def test_easybuild_version_runs_eb_with_the_python_beside_it(tmp_path):
     eb = _eb(tmp_path, f'[ "$EB_PYTHON" = "$(dirname "$0")/python3" ] && echo "{BANNER}"\n')
     _eb(tmp_path, "exit 0\n", name="python3")
 
-    assert probe.easybuild_version(eb) == (5, 4, 1)
+    assert probe.easybuild_version(eb) == (5, 4, 0)
 
 
 def test_easybuild_version_of_a_failing_eb_is_none(tmp_path):
@@ -311,10 +313,19 @@ def test_probe_reports_the_sandboxes_that_work_here(report):
 def test_probe_reports_the_easybuild_version_and_the_recommendation_it_needs(report):
     _target, result = report
 
-    assert result["easybuild_version"] == "5.4.1"
+    assert result["easybuild_version"] == "5.4.0"
     assert result["recommendations"] == [
-        "EasyBuild: 5.4.1; pin the pipeline to 5.4.2 or a newer release validated by the integration test"
+        "EasyBuild: 5.4.0; pin the pipeline to 5.4.1 (the release the integration tests validate) or a "
+        "newer validated release"
     ]
+
+
+def test_the_validated_easybuild_is_the_one_the_project_pins():
+    pins = (checkout.REPO / "requirements" / "dev.txt").read_text()
+    pinned = re.search(r"^easybuild-framework==(\d+)\.(\d+)\.(\d+)", pins, re.MULTILINE)
+
+    assert pinned is not None
+    assert tuple(int(part) for part in pinned.groups()) == probe.EASYBUILD_VALIDATED
 
 
 def test_probe_reports_no_easybuild_when_eb_fails(tmp_path):

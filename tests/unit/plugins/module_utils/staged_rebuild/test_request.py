@@ -316,3 +316,118 @@ def test_the_request_round_trips_through_the_journal_s_records(site):
     )
 
     assert records.load(RebuildRequest, records.dump(request)) == request
+
+
+# the module syntax: the live file's, refused before anything is built when the run asks otherwise
+
+
+def _tcl_live(site):
+    (site / "apps" / "modules" / "all" / "TinyApp" / "1.0").write_text("#%Module\nset root /x\n")
+
+
+def test_a_tcl_live_module_is_built_as_tcl_whatever_the_site_s_default(site):
+    _tcl_live(site)
+
+    request = _resolve(site, environ={"EASYBUILD_MODULE_SYNTAX": "Lua"})
+
+    assert request.module_syntax("run1") == "Tcl"
+
+
+def test_a_tcl_live_module_with_an_explicit_lua_syntax_is_refused_before_anything_is_written(site):
+    _tcl_live(site)
+    before = sorted(str(path) for path in site.rglob("*"))
+
+    message = _refusal_with_args(site, ["--module-syntax=Lua", "TinyApp-1.0.eb"])
+
+    assert message == (
+        f"TinyApp/1.0's live module file {site}/apps/modules/all/TinyApp/1.0 is Tcl, and the EasyBuild "
+        "arguments ask for --module-syntax=Lua: a staged rebuild keeps each module's syntax "
+        "(give --module-syntax=Tcl or leave the option out)"
+    )
+    assert sorted(str(path) for path in site.rglob("*")) == before
+
+
+def test_a_lua_live_module_with_an_explicit_tcl_syntax_is_refused(site):
+    (site / "apps" / "modules" / "all" / "TinyApp" / "1.0.lua").write_text('local root = "/x"\n')
+
+    message = _refusal_with_args(site, ["--module-syntax", "Tcl", "TinyApp-1.0.eb"])
+
+    assert "is Lua, and the EasyBuild arguments ask for --module-syntax=Tcl" in message
+
+
+def _refusal_with_args(site, eb_args):
+    with pytest.raises(errors.UsageError) as raised:
+        _resolve(site, eb_args=eb_args)
+    message = settings.cli_message(raised.value)
+    assert "\n" not in message
+    return message
+
+
+def test_the_build_order_puts_a_dependency_first_as_the_live_module_files_say(site):
+    for name in ("libtoy", "toy-app"):
+        (site / "apps" / "software" / name / "0.0").mkdir(parents=True)
+        (site / "apps" / "modules" / "all" / name).mkdir(parents=True)
+    (site / "apps" / "modules" / "all" / "libtoy" / "0.0.lua").write_text('local root = "/x"\n')
+    (site / "apps" / "modules" / "all" / "toy-app" / "0.0.lua").write_text(
+        'local root = "/y"\ndepends_on("libtoy/0.0")\n'
+    )
+
+    request = _resolve(
+        site, modules=["toy-app/0.0", "libtoy/0.0"], eb_args=["toy-app-0.0.eb", "libtoy-0.0.eb"]
+    )
+
+    assert request.build_order("run1") == ["libtoy/0.0", "toy-app/0.0"]
+
+
+# hierarchical naming: refused before anything is built, saying so
+
+
+@pytest.mark.parametrize("value", ["Core/toy/0.0", "Compiler/GCC/6.4.0-2.28/toy/0.0"])
+def test_a_hierarchical_module_name_is_refused_as_such(site, value):
+    message = _refusal(site, modules=[value])
+
+    assert message == (
+        f"--module {value!r} is not NAME/VERSION but a hierarchical module name; staged rebuilds handle "
+        "EasyBuild's flat naming only (EasyBuildMNS: modules/all/<Name>/<version>)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("environ", "eb_args", "said"),
+    [
+        (
+            {"EASYBUILD_MODULE_NAMING_SCHEME": "HierarchicalMNS"},
+            [],
+            "EASYBUILD_MODULE_NAMING_SCHEME=HierarchicalMNS",
+        ),
+        ({}, ["--module-naming-scheme=HierarchicalMNS"], "--module-naming-scheme=HierarchicalMNS"),
+        ({}, ["--module-naming-scheme", "MigrateFromEBToHMNS"], "--module-naming-scheme=MigrateFromEBToHMNS"),
+        # The run's own option beats the site's variable, as in EasyBuild.
+        (
+            {"EASYBUILD_MODULE_NAMING_SCHEME": "EasyBuildMNS"},
+            ["--module-naming-scheme=CategorizedModuleNamingScheme"],
+            "--module-naming-scheme=CategorizedModuleNamingScheme",
+        ),
+    ],
+)
+def test_another_module_naming_scheme_is_refused_before_anything_is_built(site, environ, eb_args, said):
+    before = sorted(str(path) for path in site.rglob("*"))
+    with pytest.raises(errors.UsageError) as raised:
+        _resolve(site, environ, eb_args=[*eb_args, "TinyApp-1.0.eb"])
+
+    assert str(raised.value) == (
+        f"{said} names modules by another layout than modules/all/<Name>/<version>; staged rebuilds handle "
+        "EasyBuild's flat naming only (EasyBuildMNS): rebuild these modules with plain eb"
+    )
+    assert sorted(str(path) for path in site.rglob("*")) == before
+
+
+@pytest.mark.parametrize(
+    ("environ", "eb_args"),
+    [
+        ({"EASYBUILD_MODULE_NAMING_SCHEME": "EasyBuildMNS"}, []),
+        ({"EASYBUILD_MODULE_NAMING_SCHEME": "HierarchicalMNS"}, ["--module-naming-scheme=EasyBuildMNS"]),
+    ],
+)
+def test_the_flat_naming_scheme_is_accepted(site, environ, eb_args):
+    assert _resolve(site, environ, eb_args=[*eb_args, "TinyApp-1.0.eb"]).modules_requested == [APP]
