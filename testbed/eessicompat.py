@@ -36,6 +36,9 @@ import stackenv
 
 HERE = Path(__file__).resolve().parent / "eessi_like"
 LAUNCHER = HERE / "compat_launcher.sh"
+# The launcher's first line, which the template leaves out (a file of the collection may only
+# start with the interpreters Ansible's sanity test knows, and bash's -p is not among them).
+SHEBANG = "#!/bin/bash -p\n"
 RUNLOG_VARIABLE = "EESSI_LIKE_COMPAT_RUNLOG"
 # ELF e_machine of each family (the kernel's include/uapi/linux/elf-em.h).
 ELF_MACHINES = {"x86_64": 62, "aarch64": 183, "riscv64": 243}
@@ -112,7 +115,7 @@ def build_layer(prefix: Path, family: str, lmod: stackenv.Lmod) -> Layer:
         )
     layer = Layer(family, prefix / "compat" / "linux" / family)
     lua = lua_of(lmod)
-    template = LAUNCHER.read_text()
+    template = SHEBANG + LAUNCHER.read_text()
     for rel in (*PROGRAMS, LUA):
         name = rel.rsplit("/", 1)[1]
         program = lua if rel == LUA else shutil.which(name, path=_SYSTEM_PATH)

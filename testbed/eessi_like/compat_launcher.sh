@@ -1,8 +1,9 @@
-#!/bin/bash -p
+# shellcheck shell=bash
 # A program of the EESSI-like compatibility layer of one CPU family, for hpcstack.ops's
 # tests. testbed/eessilike.py writes one per program of <prefix>/compat/linux/<family>/,
 # with @FAMILY@, @FOREIGN@ (an ELF file of that family) and @PROGRAM@ (this machine's own
-# program) filled in. `-p`: no BASH_ENV, no functions from the environment.
+# program) filled in, below the line `#!/bin/bash -p` (eessicompat.SHEBANG): `-p`, no BASH_ENV, no
+# functions from the environment.
 #
 # One machine runs one CPU family, so the compatibility layers of the others are simulated.
 # A node is of the family archdetect takes it to be (EESSI_MACHINE_TYPE, else this

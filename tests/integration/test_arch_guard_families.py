@@ -213,7 +213,7 @@ def _guarded(site: GuardSite, task_env: dict, mode: str) -> tuple:
     run = site.run(task_env, "--shell")
     assert run.returncode == 0
     (line,) = run.stdout.decode().splitlines()
-    name, _, value = line[len("export ") :].partition("=")
+    name, _equals, value = line[len("export ") :].partition("=")
     return dict(task_env, **{name: shlex.split(value)[0]}), run.stderr.decode()
 
 

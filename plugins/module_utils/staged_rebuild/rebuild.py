@@ -84,16 +84,19 @@ def easybuild_configuration(request: RebuildRequest, backend: str, env: Mapping[
     option, E for a variable, F for a configuration file, D for a default), or ``error``.
 
     EasyBuild only reads its configuration for this and exits, building nothing; it leaves its
-    temporary directory behind, so it is given one of its own (``--tmpdir``), removed after it,
-    and that one line is left out of the text.
+    temporary directory behind, so it is given one of its own, removed after it, and that one
+    line is left out of the text. Given as ``EASYBUILD_TMPDIR`` and ``TMPDIR`` as well as
+    ``--tmpdir``: EasyBuild makes its first temporary directories while it parses its options,
+    from the variable (or the site's configuration) and Python's ``TMPDIR``, before
+    ``--tmpdir`` is read.
     """
     build = _build(backend, request, request.run_id or "")
     scratch = tempfile.mkdtemp(prefix="eb-staged-rebuild-show-config-")
     argv = [*build.command(request.eb, request.eb_args), "--tmpdir=" + scratch, "--show-config"]
+    child_env = build.environment(dict(env), request.eb)
+    child_env["EASYBUILD_TMPDIR"] = child_env["TMPDIR"] = scratch
     try:
-        done = proc.run_child(
-            argv, env=build.environment(dict(env), request.eb), deadline=Deadline(_SHOW_CONFIG_TIMEOUT)
-        )
+        done = proc.run_child(argv, env=child_env, deadline=Deadline(_SHOW_CONFIG_TIMEOUT))
     except OSError as err:
         return {"text": None, "error": f"cannot run {request.eb}: {err.strerror}"}
     except DeadlineExceeded:
