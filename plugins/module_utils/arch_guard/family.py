@@ -84,12 +84,21 @@ def _within(entry: str, layer: str) -> bool:
     return entry == layer or entry.startswith(layer + "/")
 
 
+def _runnable_path(env, node: str):
+    """``env``'s ``PATH`` without the job's layer when that is of another family than
+    ``node``; None when it needs no change."""
+    layers = foreign_layers(env, node)
+    if not layers or "PATH" not in env:
+        return None
+    return without_layer(env["PATH"], layers)
+
+
 def runnable(env, node: str) -> dict:
     """A copy of ``env`` whose ``PATH`` leads to no program of another family's layer."""
-    layers = foreign_layers(env, node)
     copy = dict(env)
-    if layers and "PATH" in copy:
-        copy["PATH"] = without_layer(copy["PATH"], layers)
+    path = _runnable_path(env, node)
+    if path is not None:
+        copy["PATH"] = path
     return copy
 
 
@@ -146,9 +155,9 @@ def before_eessi(env, node: str) -> dict:
     node's.
     """
     settings: dict = {}
-    layers = foreign_layers(env, node)
-    if layers and "PATH" in env:
-        settings["PATH"] = without_layer(env["PATH"], layers)
+    path = _runnable_path(env, node)
+    if path is not None:
+        settings["PATH"] = path
     lmodrc = {
         os.path.join(env[name], ".lmod", "lmodrc.lua")
         for name in ("EESSI_SOFTWARE_PATH", "EESSI_SITE_SOFTWARE_PATH")
