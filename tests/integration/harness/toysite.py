@@ -135,3 +135,89 @@ def load_with_environment_modules(
         timeout=MODULE_TIMEOUT,
         check=False,
     )
+
+
+def fake_toolchain_modules(material: ToyMaterial) -> Path:
+    """The material's fake toolchain modules (``gompi/2018a`` and what it loads), which
+    easyconfigs of a toolchain other than SYSTEM (the toy with extensions) build against."""
+    return material.framework / "modules"
+
+
+def install_easyconfigs(site, material: ToyMaterial, easyconfigs, eb_args=(), env=None) -> None:
+    """Build ``easyconfigs`` (paths) into ``site``'s live tree with plain ``eb``, in EasyBuild's
+    environment for ``material`` with ``env`` on top (None removes a variable)."""
+    done = subprocess.run(
+        site.as_owner([str(site.eb), *eb_args, *map(str, easyconfigs)]),
+        cwd=site.root,
+        env=site.eb_env(material, **dict(material.env(), **(env or {}))),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=EB_TIMEOUT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def live_module_file(site, module: str) -> Path:
+    """The live module file of ``module``: ``<version>.lua`` (Lua) where there is one, else the
+    Tcl ``<version>``."""
+    lua = site.modules_all / (module + ".lua")
+    return lua if lua.exists() else site.modules_all / module
+
+
+def loads(site, tool: EnvironmentModules, module: str, command: str, modulepath=()) -> dict:
+    """``module load MODULE && COMMAND`` in each module tool that reads ``module``'s file:
+    ``{"Lmod": done, "Environment Modules": done}`` for a Tcl file, Lmod alone for a Lua one
+    (Environment Modules 5 reads only Tcl). ``modulepath``: directories after the live one."""
+    path = [site.modules_all, *modulepath]
+    script = f"module load {module} && {command}"
+    found = {
+        "Lmod": subprocess.run(
+            site.as_owner(site.lmod.shell_command(script)),
+            cwd=site.root,
+            env=site.lmod.env(path, base=site.base_env()),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=MODULE_TIMEOUT,
+            check=False,
+        )
+    }
+    if live_module_file(site, module).name.endswith(".lua"):
+        return found
+    env = dict(site.base_env(), MODULEPATH=":".join(map(str, path)))
+    found["Environment Modules"] = subprocess.run(
+        site.as_owner(tool.shell_command(script)),
+        cwd=site.root,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=MODULE_TIMEOUT,
+        check=False,
+    )
+    return found
+
+
+class PristineSite:
+    """A live tree built once per test module, and given back as built to each test.
+
+    The whole site directory is copied aside (``cp -a``) once; ``fresh()`` puts the copy back
+    at the same path, so module files and EasyBuild's records still name the paths they were
+    built with, and drops what a test left (the tool's state root, scratch directories).
+    """
+
+    def __init__(self, site, keep: Path):
+        self.site = site
+        self.keep = keep
+        subprocess.run(["cp", "-a", f"{site.root}/.", str(keep)], check=True)
+
+    def fresh(self):
+        for entry in list(self.site.root.iterdir()):
+            if entry.is_dir() and not entry.is_symlink():
+                subprocess.run(["rm", "-rf", "--one-file-system", str(entry)], check=True)
+            else:
+                entry.unlink()
+        subprocess.run(["cp", "-a", f"{self.keep}/.", str(self.site.root)], check=True)
+        return self.site
