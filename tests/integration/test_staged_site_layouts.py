@@ -31,6 +31,8 @@ LIBTOY = "libtoy/0.0"
 TOY_APP = "toy-app/0.0"
 TOY_EXT = "toy/0.0-gompi-2018a-test"  # the toy with extensions (bar, barbar, ...), gompi toolchain
 TOY_SAYS = "I'm a toy, and very proud of it."
+# Unpatched: its last extension is the toy itself, built again from the source without the patch.
+TOY_EXT_SAYS = "I'm a toy, and proud of it."
 TOY_APP_SAYS = "Hello from a toy function!"  # libtoy's, linked and loaded
 BACKENDS = ["bwrap", "userns"]
 
@@ -160,7 +162,7 @@ def test_a_toy_with_extensions_is_published_with_them_and_rolled_back(
     tcl_site, toy_material, environment_modules, backend
 ):
     live = tcl_site.live(TOY_EXT)
-    says = f"{TOY_SAYS}\n{live}/bin/bar\n{live}/bin/barbar"  # two of its extensions' programs
+    says = f"{TOY_EXT_SAYS}\n{live}/bin/bar\n{live}/bin/barbar"  # two of its extensions' programs
 
     _published_and_rolled_back(
         tcl_site,
