@@ -545,4 +545,6 @@ def test_the_dry_run_shows_the_configuration_file_s_sources_and_the_staged_insta
         str(lua_site.software),
     )  # where the sandbox shows the stage
     assert settings["installpath-data"] == ("C", os.path.join(generation, "data"))
+    # The file's installpath is still listed; EasyBuild derives nothing from it, all three are given.
+    assert settings["installpath"] == ("F", str(lua_site.root / "decoy"))
     assert list((lua_site.root / "decoy").rglob("*")) == []
