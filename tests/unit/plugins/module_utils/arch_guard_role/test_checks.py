@@ -67,7 +67,7 @@ def test_the_survey_reports_each_check_s_fact_and_problem_under_its_name(tmp_pat
     asked_less = survey.survey(python=[])
 
     assert found["parents"][-1]["path"] == str(unsafe)
-    assert found["problems"] == {"parents": checks.parents({"prefix": str(unsafe / "arch-guard")}).problem}
+    assert found["problems"]["parents"] == checks.parents({"prefix": str(unsafe / "arch-guard")}).problem
     assert found["problems"]["parents"].startswith(f"arch_guard: {unsafe} {ALONE}")
     assert (asked_less["problems"], "parents" in asked_less) == ({}, False)
 
@@ -95,7 +95,10 @@ def test_a_check_added_to_the_table_reaches_the_refusal_with_nothing_else_change
     decided = plan.node(settings, "n1", survey_facts=found)
 
     assert found["hostname"] == dirfd.read_regular(HOSTNAME, "").decode("ascii").strip()
-    assert found["problems"] == {"parents": "", "hostname": "", "refused": "arch_guard: refused by a check"}
+    assert (found["problems"]["hostname"], found["problems"]["refused"]) == (
+        "",
+        "arch_guard: refused by a check",
+    )
     assert [name for name, line in before["refusals"].items() if line] == []
     assert [name for name, line in decided["refusals"].items() if line] == ["node"]
     assert decided["refusals"]["node"] == "arch_guard: refused by a check"
