@@ -62,11 +62,10 @@ def _playbook() -> str:
   hosts: {case}
   gather_facts: false
   vars_files: [{ROLE / "defaults" / "main.yml"}, {ROLE / "vars" / "main.yml"}]
-  vars:
-    arch_guard_manage_slurm_conf: true
   tasks:
-    - name: What the survey reported
+    - name: What the survey reported, on hosts whose slurm.conf the role owns
       ansible.builtin.set_fact:
+        arch_guard_manage_slurm_conf: true
         __arch_guard_survey: {{slurm_conf: {{identity: "{{{{ identity }}}}"}}}}
     - name: Show the layout
       ansible.builtin.debug:
