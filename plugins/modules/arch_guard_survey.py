@@ -66,6 +66,12 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+problems:
+  description:
+    - The node's own checks that the options give what they read, each by the name its fact is
+      reported under (C(parents)), to the one line that refuses what it found, or an empty string.
+  returned: always
+  type: dict
 parents:
   description:
     - Each directory from C(/) down to O(prefix) that is there (the walk ends at the first missing one,

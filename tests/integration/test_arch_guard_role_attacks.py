@@ -184,8 +184,8 @@ def _role_run(prefix: str, code: str, release: dict, launcher: str) -> str:
     module's steps. "installed", or the one line it refused with."""
     settings = plan.Settings({"prefix": prefix, "python": PYTHON, "manage_slurm_conf": False})
     try:
-        found = survey.look_at_prefix(prefix)
-        refusal = plan.node(settings, "node1", survey_facts=found)["refusals"]["prefix"]
+        found = survey.survey(prefix=prefix)
+        refusal = plan.node(settings, "node1", survey_facts=found)["refusals"]["node"]
         if refusal:
             return refusal
         install.install_code(prefix, release["build"], code, PYTHON)

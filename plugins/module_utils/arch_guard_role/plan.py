@@ -7,7 +7,8 @@ found (``survey.py``), so that each is tested from a table.
 - ``fleet``: which hosts read the slurm.conf the role edits (per_node, shared, configless),
   the configuration's owner, and the layouts refused (several at once; configless without
   the controller named);
-- ``node``: for one host, what to refuse, what to install (the interpreter, the build), what
+- ``node``: for one host, what to refuse (the first problem its own checks found, ``checks.py``,
+  and what depends on more than the node), what to install (the interpreter, the build), what
   the launcher and the wrapper say, which TaskProlog to chain, what to write in slurm.conf and
   the state directory and what to leave as it is (a rerun that changes nothing writes
   nothing), and for removal, what to put back.
@@ -54,7 +55,7 @@ NETWORK_FILESYSTEMS = frozenset(
 # Each refusal of ``node``: the one line the role fails with, or "" (an assert's message is a string).
 REFUSALS = (
     "settings",
-    "prefix",
+    "node",
     "state_dir",
     "python",
     "conf",
@@ -374,10 +375,8 @@ class _Node:
         settings = self.settings
         found = dict.fromkeys(REFUSALS, "")
         found["settings"] = settings_problem(settings) or ""
-        if "parents" in self.survey:
-            bad = trust.first_distrusted(self.survey["parents"])
-            if bad is not None:
-                found["prefix"] = trust.refusal(bad[0], settings.prefix)
+        # The node's own checks (checks.py), each problem its one line: the first refuses.
+        found["node"] = next((line for line in (self.survey.get("problems") or {}).values() if line), "")
         if self.survey.get("python") is not None and self.python() is None:
             found["python"] = self._no_python()
         if settings.manage_slurm_conf and self.state is not None:

@@ -5,9 +5,11 @@ decision (``plan.py`` decides).
 
 Each part is asked for by its option, and reported under its name:
 
-- ``prefix``: ``parents``, the directories from ``/`` down to the prefix (``trust.look``);
-  ``guard``, the guard's own paths that are there (``installed``); ``release``, release.json
-  (``installed.parse_release``), or ``release_problem``;
+- the node's checks (``checks.NODE_CHECKS``), each that the options give what it reads: its
+  fact under its name (``parents``, the directories from ``/`` down to the prefix, with
+  ``prefix``), and its problem, or "", in ``problems`` under the same name;
+- ``prefix``: ``guard``, the guard's own paths that are there (``installed``); ``release``,
+  release.json (``installed.parse_release``), or ``release_problem``;
 - ``state_dir``: ``state``, its directories from ``/`` (``parents``), the state directory
   (``stat``) and the TaskProlog line kept there (``kept``: its text and the line), or
   ``problem``;
@@ -36,7 +38,7 @@ from typing import List, Optional
 from ..arch_guard import installed
 from ..common import dirfd, errors, mountinfo, proc
 from ..common.deadline import Deadline, DeadlineExceeded
-from . import slurmconf, slurmd, trust
+from . import checks, slurmconf, slurmd, trust
 
 # The interpreter's version, printed by the interpreter itself as the launcher starts it.
 PYTHON_VERSION_CODE = 'import sys; print("%d.%d.%d" % sys.version_info[:3])'
@@ -65,10 +67,16 @@ def survey(
     slurm_nodes: bool = False,
 ) -> dict:
     """The facts the options ask for (the module's RETURN)."""
-    facts: dict = {}
+    asked: dict = {"prefix": prefix, "state_dir": state_dir, "slurm_conf": slurm_conf, "python": python}
+    asked.update(prologs=prologs, slurm_nodes=slurm_nodes)
+    facts: dict = {"problems": {}}
+    for name, check in checks.NODE_CHECKS.items():
+        found = check(asked)
+        if found is not None:
+            facts[name], facts["problems"][name] = found
     extra_prologs = list(prologs or [])
     if prefix:
-        facts.update(look_at_prefix(prefix))
+        facts.update(look_at_prefix(prefix, facts["parents"]))
     if state_dir:
         facts["state"] = look_at_state_dir(state_dir)
         if facts["state"]["kept"] and facts["state"]["kept"]["line"]:
@@ -95,10 +103,10 @@ def look_at(path: str) -> Optional[dict]:
         raise SurveyError(f"cannot look at {path}: {err.strerror}") from None
 
 
-def look_at_prefix(prefix: str) -> dict:
-    """``parents``, ``guard``, ``release`` and ``release_problem``."""
-    parents = trust.look(prefix)
-    found: dict = {"parents": parents, "guard": {}, "release": None, "release_problem": None}
+def look_at_prefix(prefix: str, parents: list) -> dict:
+    """``guard``, ``release`` and ``release_problem``, below the directories the ``parents``
+    check walked down to the prefix (looked at again by descriptor: they may have changed)."""
+    found: dict = {"guard": {}, "release": None, "release_problem": None}
     if parents[-1]["path"] != os.path.normpath(prefix) or parents[-1]["type"] != "directory":
         return found
     try:

@@ -248,8 +248,9 @@ def _state(line=..., stat=True, problem=None, mode=0o700):
     }
 
 
-def _survey(conf=None, state=None, python=None, *, parents=None, prologs=None, release=None):
+def _survey(conf=None, state=None, python=None, *, parents=None, prologs=None, release=None, problems=None):
     return {
+        "problems": {"parents": ""} if problems is None else problems,
         "parents": _parents() if parents is None else parents,
         "guard": {},
         "release": release,
@@ -299,22 +300,24 @@ def test_before_the_survey_only_the_settings_are_decided():
 
 REFUSED = [
     pytest.param(
-        {"survey": _survey(parents=_parents(_dir(PREFIX, mode=0o777)))},
-        "prefix",
-        f"arch_guard: {PREFIX} must be a directory (not a symlink) owned by root and writable by root alone",
-        id="prefix-writable-by-others",
+        {
+            "survey": _survey(
+                problems={"parents": f"arch_guard: {PREFIX} must be a directory (not a symlink)"}
+            )
+        },
+        "node",
+        f"arch_guard: {PREFIX} must be a directory (not a symlink)",
+        id="a-check-of-the-node",
     ),
     pytest.param(
-        {"survey": _survey(parents=[_dir("/"), {**_dir("/opt"), "type": "symlink"}])},
-        "prefix",
-        "arch_guard: /opt must be a directory (not a symlink)",
-        id="prefix-through-a-symlink",
-    ),
-    pytest.param(
-        {"survey": _survey(parents=_parents(_dir(PREFIX, uid=1000)))},
-        "prefix",
-        f"arch_guard: {PREFIX} must be a directory",
-        id="prefix-of-a-user",
+        {
+            "survey": _survey(
+                problems={"parents": "", "first": "arch_guard: one", "second": "arch_guard: two"}
+            )
+        },
+        "node",
+        "arch_guard: one",
+        id="the-first-of-the-node-s-checks",
     ),
     pytest.param(
         {"survey": _survey(state={**_state(), "parents": [_dir("/"), _dir("/var", mode=0o775)]})},
