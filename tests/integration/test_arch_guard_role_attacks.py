@@ -185,7 +185,7 @@ def _role_run(prefix: str, code: str, release: dict, launcher: str) -> str:
     settings = plan.Settings({"prefix": prefix, "python": PYTHON, "manage_slurm_conf": False})
     try:
         found = survey.survey(prefix=prefix)
-        refusal = plan.node(settings, "node1", survey_facts=found)["refusals"]["node"]
+        refusal = plan.node(settings, "node1", survey_facts=found)["refusals"]["prefix"]
         if refusal:
             return refusal
         install.install_code(prefix, release["build"], code, PYTHON)

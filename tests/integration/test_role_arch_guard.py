@@ -270,7 +270,7 @@ def test_a_prefix_that_users_could_replace_is_refused(host, kind):
 
     play = host.run(arch_guard_prefix=str(prefix))
 
-    _refused(play, "Refuse what the node's checks find", f"arch_guard: {unsafe} must be a directory")
+    _refused(play, "Refuse a prefix that users could replace", f"arch_guard: {unsafe} must be a directory")
     assert "owned by root and writable by root alone" in play.stdout
     assert not os.path.lexists(prefix)
     assert not os.path.lexists(host.root / "real" / "arch-guard")

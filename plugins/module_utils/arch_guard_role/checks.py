@@ -7,8 +7,9 @@ the role's one-line refusal ("" when none).
 ``survey.survey`` runs each check of ``NODE_CHECKS`` whose input its options hold, and
 reports the fact under the check's name and the problem in ``problems`` under the same
 name; ``plan.node`` refuses the node for the first problem, and the role fails on that in
-one task that names no check. Adding a check is one function here and its line in the
-table, and its test: no YAML, no other decision.
+one task that names no check (the prefix's refusal keeps its own task: ``OWN_REFUSAL``).
+Adding a check is one function here and its line in the table, and its test: no YAML, no
+other decision.
 
 What is not here depends on more than the node: whose slurm.conf and kept line count (one
 configuration for many nodes is its owner's), whether the interpreter can still come from
@@ -46,3 +47,8 @@ def parents(asked: Mapping) -> Optional[Finding]:
 NODE_CHECKS: Dict[str, Callable[[Mapping], Optional[Finding]]] = {
     "parents": parents,
 }
+
+# The refusals that keep a task of the role's own, by check: the prefix's is the one an attack
+# on a node meets, and sites know it by its task's name. Every other check's problem is the
+# refusal ``node``.
+OWN_REFUSAL = {"parents": "prefix"}

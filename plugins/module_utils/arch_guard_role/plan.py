@@ -28,7 +28,7 @@ from typing import Mapping, Optional
 from ..arch_guard import installed
 from ..arch_guard.settings import MAX_TIMEOUT_SECONDS
 from ..common.version import VERSION
-from . import slurmconf, survey, trust
+from . import checks, slurmconf, survey, trust
 
 LAYOUTS = ("auto", "per_node", "shared", "configless")
 # Filesystems that other hosts mount too: a file there is one file for all of them, known by
@@ -55,6 +55,7 @@ NETWORK_FILESYSTEMS = frozenset(
 # Each refusal of ``node``: the one line the role fails with, or "" (an assert's message is a string).
 REFUSALS = (
     "settings",
+    "prefix",
     "node",
     "state_dir",
     "python",
@@ -376,7 +377,9 @@ class _Node:
         found = dict.fromkeys(REFUSALS, "")
         found["settings"] = settings_problem(settings) or ""
         # The node's own checks (checks.py), each problem its one line: the first refuses.
-        found["node"] = next((line for line in (self.survey.get("problems") or {}).values() if line), "")
+        for check, line in (self.survey.get("problems") or {}).items():
+            refusal = checks.OWN_REFUSAL.get(check, "node")
+            found[refusal] = found[refusal] or line
         if self.survey.get("python") is not None and self.python() is None:
             found["python"] = self._no_python()
         if settings.manage_slurm_conf and self.state is not None:

@@ -305,9 +305,9 @@ REFUSED = [
                 problems={"parents": f"arch_guard: {PREFIX} must be a directory (not a symlink)"}
             )
         },
-        "node",
+        "prefix",
         f"arch_guard: {PREFIX} must be a directory (not a symlink)",
-        id="a-check-of-the-node",
+        id="the-prefix-check-keeps-its-own-refusal",
     ),
     pytest.param(
         {
