@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard_role import slurmconf, survey
+from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard_role import slurmconf, slurmd, survey
 from tests.support.nodeinfo import RELEASE, install_guard
 
 CONF = "ClusterName=test\nTaskProlog = {site}  # ours\n"
@@ -118,7 +118,14 @@ def test_a_kept_file_that_cannot_be_used_is_a_problem(tmp_path, kind, problem):
     assert (found["state"]["kept"], found["state"]["problem"]) == (None, problem.format(path=path))
 
 
-def test_slurm_conf_its_task_prolog_lines_and_its_identity_are_reported(tmp_path):
+@pytest.mark.parametrize("configless_pids", [[], [4242]])
+def test_slurm_conf_its_task_prolog_lines_and_its_identity_are_reported(
+    tmp_path, monkeypatch, configless_pids
+):
+    # Which slurmd processes count is test_slurmd.py's, on real processes; here the machine's
+    # own (another test's configless slurmd, started at any moment) would decide the answer.
+    asked = []
+    monkeypatch.setattr(slurmd, "configless_pids", lambda user: asked.append(user) or configless_pids)
     site = _site(tmp_path)
     real = tmp_path / "shared" / "slurm.conf"
     real.parent.mkdir()
@@ -138,7 +145,7 @@ def test_slurm_conf_its_task_prolog_lines_and_its_identity_are_reported(tmp_path
     )
     assert identity["sha256"] == hashlib.sha256(real.read_bytes()).hexdigest()
     assert all(identity[name] for name in ("fstype", "source", "boot_id"))
-    assert identity["configless"] is False
+    assert (identity["configless"], asked) == (bool(configless_pids), [found["slurmd_user"]])
 
 
 @pytest.mark.parametrize(
