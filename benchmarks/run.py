@@ -1,10 +1,13 @@
 """`make bench`: run every benchmarks/bench_*.py and print each case beside its baseline.
 
-    .venv/bin/python benchmarks/run.py [--once] [NAME-SUBSTRING | bench_FILE ...]
+    .venv/bin/python benchmarks/run.py [--once] [--cluster DIR] [NAME-SUBSTRING | bench_FILE ...]
 
 ``--once`` runs every case once at its smallest size (``benchlib``): the tables are printed
 as usual, their figures mean nothing. ``make test`` runs each benchmark so
 (``tests/integration/test_benchmarks.py``), so that a change that breaks one fails there.
+``--cluster DIR`` has the fleet cases measure on the namespace cluster already running in
+DIR (``testbed/cluster.py``), at its number of compute nodes, instead of starting clusters
+of their own (the cluster tests lend theirs so); they leave it as they found it.
 
 Timing cases (``Case``, and ``Comparison`` with a row per subject) make the first table.
 The ratio is subject median / baseline median from the same run: below 1 the subject is
@@ -36,6 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "tools"), str(HERE.parent / "testbed")]
 
 import checkout  # noqa: E402
+import cluster as namespace_cluster  # noqa: E402
 from benchlib import CPU, MISSING, OK, PARTIAL, WALL, Case, Comparison, FleetCase, WindowCase  # noqa: E402
 
 READER_TIMEOUT = 30
@@ -269,9 +273,20 @@ def at_smallest(case):
     return dataclasses.replace(case, **{**once, **case.smallest})
 
 
+def on_cluster(case, root: Path):
+    """The fleet ``case`` measured on the running cluster in ``root``, at its one size."""
+    size = len(namespace_cluster.Cluster.load(root).by_role("compute"))
+    return dataclasses.replace(case, sizes=(size,), measure=lambda _size: case.measure_on(root))
+
+
 def main(argv: list[str]) -> int:
     once = "--once" in argv
     words = [word for word in argv if word != "--once"]
+    borrowed = None
+    if "--cluster" in words:
+        at = words.index("--cluster")
+        borrowed = Path(words[at + 1])
+        del words[at : at + 2]
     with tempfile.TemporaryDirectory(prefix="hpcstack-bench-") as tmp:
         sys.path.insert(0, str(checkout.link_package(Path(tmp))))
         cases = []
@@ -283,6 +298,8 @@ def main(argv: list[str]) -> int:
         timing = [case for case in cases if isinstance(case, (Case, Comparison))]
         windows = [case for case in cases if isinstance(case, WindowCase)]
         fleets = [case for case in cases if isinstance(case, FleetCase)]
+        if borrowed is not None:
+            fleets = [on_cluster(case, borrowed) for case in fleets]
         # Each table printed as soon as it is measured: the fleet's takes minutes.
         tables = [(timing, "", _timing_rows), (windows, WINDOW_HEADER, _window_rows)]
         tables += [([fleet], fleet.legend, lambda cases: _fleet_rows(cases[0])) for fleet in fleets]

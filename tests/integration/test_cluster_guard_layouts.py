@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness.cluster import CLUSTER
+from tests.integration.harness.cluster import CLUSTER_GUARD
 from tests.integration.harness.cluster_guard import SLURM_CONF, ClusterGuard, LoopJob, guard_root
 
-pytestmark = CLUSTER
+pytestmark = CLUSTER_GUARD
 
 PREFIX = "/opt/hpcstack/arch-guard"
 LAUNCHER = f"{PREFIX}/bin/eessi-arch-guard"
@@ -37,6 +37,8 @@ echo "export SITE_TASK_PROLOG=ran"
 """
 # Jobs the loop must have finished after each phase, to show what users see then.
 JOBS_AFTER = 2
+# Where a configless slurmd keeps the configuration it fetched.
+CONF_CACHE = "/var/spool/slurmd/conf-cache/slurm.conf"
 
 
 @pytest.fixture(scope="module")
@@ -123,15 +125,27 @@ def _assert_site_output_first(job: LoopJob) -> None:
 
 
 def _assert_rollout_and_removal_under_load(
-    guard: ClusterGuard, login_env: dict, name: str, groups: dict, *, site: bool, owner: str, **more
+    guard: ClusterGuard,
+    login_env: dict,
+    name: str,
+    groups: dict,
+    *,
+    site: bool,
+    owner: str,
+    fetched: bool = False,
+    **more,
 ) -> None:
-    """The rollout, an idempotent rerun and the removal, with the job loop running all along."""
+    """The rollout, an idempotent rerun and the removal, with the job loop running all along.
+    ``fetched``: every slurmd runs the configuration it fetched from the controller
+    (configless), whose file alone the role edits: the nodes' own files stay as they are."""
     login, targets = guard.targets["login"], guard.targets
     before = _conf(guard)
+    own_before = guard.slurm_confs([node.name for node in guard.compute])
     saved = guard.root / f"{name}.slurm.conf.before"
     saved.write_text(before)
     inventory = _inventory(guard, name, ["c1", "c2", "c3"], **groups)
-    settings = guard.rollout_settings(**more)
+    # After the canary, c2 and c3 in one batch: one by one is test_cluster_guard.py's rollout.
+    settings = guard.rollout_settings(**{"guard_batch": 2, **more})
     work = guard.workdir(f"loop-{name}")
     try:
         # Check mode: the change shown, once, and nothing written anywhere.
@@ -157,6 +171,8 @@ def _assert_rollout_and_removal_under_load(
             assert (play.done.returncode, play.failed) == (0, 0), play.output[-6000:]
             loop.wait_for(JOBS_AFTER, switched)
             installed = _conf(guard)
+            own_installed = guard.slurm_confs([node.name for node in guard.compute])
+            caches = {node.name: node.read(CONF_CACHE) for node in guard.compute} if fetched else {}
             kept = {
                 node.name: node.run(["test", "-e", STATE_FILE], check=False).returncode == 0
                 for node in [guard.cluster.controller, *guard.compute]
@@ -214,6 +230,12 @@ def _assert_rollout_and_removal_under_load(
         # The line found before the guard's is kept once, on the owner.
         assert kept == {node: node == owner for node in kept}
         assert installed.count(f"TaskProlog={WRAPPER if site else LAUNCHER}\n") == 1, installed
+        if fetched:
+            # The controller's file alone got the line, and each slurmd runs what it fetched.
+            assert installed == before + f"TaskProlog={LAUNCHER}\n"
+            assert own_installed == own_before
+            for node_name, cache in caches.items():
+                assert f"TaskProlog={LAUNCHER}" in cache, node_name
         # Removed: the configuration byte for byte what it was, the guard gone from every node.
         assert guard.cluster.controller.run(["cmp", str(saved), SLURM_CONF], check=False).returncode == 0
         for node in guard.compute:
@@ -303,7 +325,9 @@ class TestConfigless:
         assert _conf(guard) == before
         _assert_nothing_installed(guard)
 
-    def test_rollout_and_removal_fail_no_job(self, guard, configless, login_env):
+    def test_rollout_and_removal_fail_no_job_and_edit_only_the_controller_s_file(
+        self, guard, configless, login_env
+    ):
         _assert_rollout_and_removal_under_load(
             guard,
             login_env,
@@ -311,5 +335,6 @@ class TestConfigless:
             {"controller": ["ctl"]},
             site=False,
             owner="ctl",
+            fetched=True,
             arch_guard_slurm_conf_host="ctl",
         )
