@@ -145,33 +145,37 @@ def _archive(directory: Path) -> Path:
 def measure(size: int) -> dict:
     """The seconds of the floors and every step on a cluster of ``size`` compute nodes."""
     with _fleet(size) as site:
-        return _measure(site)
+        return _measure(site, site.compute)
 
 
-def measure_on(root: Path) -> dict:
-    """The seconds of the floors and every step on the running cluster whose directory is
-    ``root`` (``testbed/cluster.py``'s ``cluster.json``), on all its compute nodes: the
+def measure_on(root: Path, size: int) -> dict:
+    """The seconds of the floors and every step on ``size`` compute nodes of the running
+    cluster whose directory is ``root`` (``testbed/cluster.py``'s ``cluster.json``): the
     cluster tests' own, which the suite's run of this benchmark borrows rather than start a
     third. The cluster is left as it was found: the guard removed by its role, the build_host
-    role's files gone from the compute nodes, every slurm.conf back byte for byte."""
+    role's files gone from the nodes, every slurm.conf back byte for byte."""
     cluster = namespace_cluster.Cluster.load(root)
+    nodes = cluster.by_role("compute")[:size]
+    if len(nodes) < size:
+        raise BenchError(f"the cluster in {root} has {len(nodes)} compute nodes, not {size}")
     with guard_root(cluster, stackenv.find_lmod()) as site:
         before = site.slurm_confs([node.name for node in cluster.nodes if node.spec.role != "build"])
         try:
-            return _measure(site)
+            return _measure(site, nodes)
         finally:
-            _give_back(site, before)
+            _give_back(site, nodes, before)
 
 
-def _give_back(site: ClusterGuard, before: dict) -> None:
-    """Undo on a borrowed cluster what the plays did; BenchError if it is not as it was."""
-    names = [node.name for node in site.compute]
+def _give_back(site: ClusterGuard, nodes: list, before: dict) -> None:
+    """Undo on a borrowed cluster what the plays did on ``nodes``; BenchError if it is not as
+    it was."""
+    names = [node.name for node in nodes]
     inventory = site.inventory("fleet-give-back", {"slurm_compute": names, "guard_nodes": names})
     removal = site.role(
         "give back: arch_guard removal", inventory, arch_guard_state="absent", **GUARD_SETTINGS
     )
     _checked(removal, len(names), changed=None, what="the borrowed cluster's arch_guard removal")
-    for node in site.compute:
+    for node in nodes:
         node.run(["rm", "-rf", *BUILD_HOST_FILES, BUILD_INSTALLPATH])
         node.sh("rm -f /var/tmp/fleet-floor-*.tar")
     after = site.slurm_confs(list(before))
@@ -180,10 +184,10 @@ def _give_back(site: ClusterGuard, before: dict) -> None:
         raise BenchError(f"the borrowed cluster's slurm.conf differs after the benchmark on {changed}")
 
 
-def _measure(site: ClusterGuard) -> dict:
-    """The seconds of the floors and every step on every compute node of ``site``."""
-    size = len(site.compute)
-    names = [node.name for node in site.compute]
+def _measure(site: ClusterGuard, nodes: list) -> dict:
+    """The seconds of the floors and every step on the compute nodes ``nodes`` of ``site``."""
+    size = len(nodes)
+    names = [node.name for node in nodes]
     inventory = site.inventory(f"fleet-{size}", {"slurm_compute": names, "guard_nodes": names})
     (site.root / "build.yml").write_text(BUILD_PLAY)
     seconds = {}
@@ -216,7 +220,7 @@ def _measure(site: ClusterGuard) -> dict:
         raise BenchError(f"{ROLLOUT}: the report does not say installed on {size}\n{rollout.stdout[-4000:]}")
     seconds[ROLLOUT] = _last_seconds(site)
 
-    for node in site.compute:
+    for node in nodes:
         node.run(["mkdir", "-p", f"{BUILD_INSTALLPATH}/software", f"{BUILD_INSTALLPATH}/modules"])
     build = str(site.root / "build.yml")
     # EasyBuild from the wheelhouse tools/bootstrap.sh built, as the cluster tests install it.

@@ -6,8 +6,9 @@
 as usual, their figures mean nothing. ``make test`` runs each benchmark so
 (``tests/integration/test_benchmarks.py``), so that a change that breaks one fails there.
 ``--cluster DIR`` has the fleet cases measure on the namespace cluster already running in
-DIR (``testbed/cluster.py``), at its number of compute nodes, instead of starting clusters
-of their own (the cluster tests lend theirs so); they leave it as they found it.
+DIR (``testbed/cluster.py``), at their first size only (that many of its compute nodes),
+instead of starting clusters of their own (the cluster tests lend theirs so); they leave it
+as they found it.
 
 Timing cases (``Case``, and ``Comparison`` with a row per subject) make the first table.
 The ratio is subject median / baseline median from the same run: below 1 the subject is
@@ -39,7 +40,6 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "tools"), str(HERE.parent / "testbed")]
 
 import checkout  # noqa: E402
-import cluster as namespace_cluster  # noqa: E402
 from benchlib import CPU, MISSING, OK, PARTIAL, WALL, Case, Comparison, FleetCase, WindowCase  # noqa: E402
 
 READER_TIMEOUT = 30
@@ -274,9 +274,10 @@ def at_smallest(case):
 
 
 def on_cluster(case, root: Path):
-    """The fleet ``case`` measured on the running cluster in ``root``, at its one size."""
-    size = len(namespace_cluster.Cluster.load(root).by_role("compute"))
-    return dataclasses.replace(case, sizes=(size,), measure=lambda _size: case.measure_on(root))
+    """The fleet ``case`` measured on the running cluster in ``root``, at its first size."""
+    return dataclasses.replace(
+        case, sizes=tuple(case.sizes[:1]), measure=lambda size: case.measure_on(root, size)
+    )
 
 
 def main(argv: list[str]) -> int:

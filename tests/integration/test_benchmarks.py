@@ -124,8 +124,9 @@ def test_the_fleet_benchmark_runs_once_on_the_suite_s_cluster_prints_every_row_a
     stdout = _assert_runs_once(FLEET, "--cluster", str(cluster.root))
 
     _assert_every_row(FLEET, stdout)
-    compute = len(cluster.by_role("compute"))
-    assert f"{compute} nodes" in stdout, f"not measured on the cluster's {compute} compute nodes\n{stdout}"
+    (case,) = _cases(FLEET)
+    (size,) = case.smallest["sizes"]
+    assert f"{size} nodes" in stdout, f"not measured on {size} of the cluster's compute nodes\n{stdout}"
     # Given back: every slurm.conf as it was, nothing of either role left on a compute node.
     assert {node.name: node.read(SLURM_CONF) for node in confs} == before
     for node in cluster.by_role("compute"):
