@@ -22,7 +22,15 @@ from pathlib import Path
 import pytest
 
 from tests.integration.harness.cluster import CLUSTER_GUARD
-from tests.integration.harness.cluster_guard import SLURM_CONF, ClusterGuard, LoopJob, guard_root
+from tests.integration.harness.cluster_guard import (
+    JOB_TIMEOUT,
+    RUNLOG,
+    SLURM_CONF,
+    ClusterGuard,
+    LoopJob,
+    guard_root,
+)
+from tests.integration.harness.guard_slurm import job_output
 
 pytestmark = CLUSTER_GUARD
 
@@ -37,6 +45,9 @@ echo "export SITE_TASK_PROLOG=ran"
 """
 # Jobs the loop must have finished after each phase, to show what users see then.
 JOBS_AFTER = 2
+# A decision of a step that repaired the environment: the guard's archdetect runs (cpupath,
+# accelpath) and the two of the EESSI module that the restore helper loads again.
+REPAIR_RUNS = 4
 # Where a configless slurmd keeps the configuration it fetched.
 CONF_CACHE = "/var/spool/slurmd/conf-cache/slurm.conf"
 
@@ -124,6 +135,38 @@ def _assert_site_output_first(job: LoopJob) -> None:
         assert site[0] < guard[0], (rank, lines)
 
 
+def _assert_one_repair_per_node(guard: ClusterGuard, login_env: dict, name: str) -> None:
+    """``srun -N3``, two tasks a node, from the login node: every task gets its node's EESSI,
+    the guard says so once per node, and decides once per node (the archdetect runs each
+    node logged: two for the CPU and accelerator, two of the EESSI module loaded again).
+    Submitted beside the loop's jobs, so not through ``ClusterGuard.srun``, which waits for
+    the queue to empty."""
+    login, targets = guard.targets["login"], guard.targets
+    work = guard.workdir(f"srun-{name}")
+    guard.clear_runlogs()
+    argv = [
+        "srun", "--quiet", "-N3", "--ntasks-per-node=2", "--overcommit", "--label",
+        str(work / "task.sh"), str(work),
+    ]  # fmt: skip
+    env = dict(login_env, TMPDIR=str(work / "tmp"), EESSI_ARCHDETECT_STANDIN_RUNLOG=RUNLOG)
+    done = guard.login.run(argv, env=env, workdir=str(work), timeout=JOB_TIMEOUT, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = job_output(done.stdout, first="0")
+    nodes = sorted(view["node"] for view in out.tasks.values())
+    assert nodes == ["c1", "c1", "c2", "c2", "c3", "c3"], out.text
+    for view in out.tasks.values():
+        target = targets[view["node"]]
+        assert view["EESSI_SOFTWARE_SUBDIR"] == target, out.text
+        assert view["EESSI_ARCH_GUARD_RELOADED"] == f"{login}->{target}", out.text
+    assert sorted(text for _step, _rank, text in out.messages) == sorted(
+        f"eessi-arch-guard: reloaded EESSI for {targets[node]} (job environment was {login})"
+        for node in ("c1", "c2", "c3")
+    ), out.text
+    assert {node: len(runs) for node, runs in guard.runlogs().items()} == dict.fromkeys(
+        ("c1", "c2", "c3"), REPAIR_RUNS
+    )
+
+
 def _assert_rollout_and_removal_under_load(
     guard: ClusterGuard,
     login_env: dict,
@@ -137,7 +180,8 @@ def _assert_rollout_and_removal_under_load(
 ) -> None:
     """The rollout, an idempotent rerun and the removal, with the job loop running all along.
     ``fetched``: every slurmd runs the configuration it fetched from the controller
-    (configless), whose file alone the role edits: the nodes' own files stay as they are."""
+    (configless), whose file alone the role edits: the nodes' own files stay as they are;
+    and a job's tasks are repaired as with the nodes' own files."""
     login, targets = guard.targets["login"], guard.targets
     before = _conf(guard)
     own_before = guard.slurm_confs([node.name for node in guard.compute])
@@ -173,6 +217,8 @@ def _assert_rollout_and_removal_under_load(
             installed = _conf(guard)
             own_installed = guard.slurm_confs([node.name for node in guard.compute])
             caches = {node.name: node.read(CONF_CACHE) for node in guard.compute} if fetched else {}
+            if fetched:
+                _assert_one_repair_per_node(guard, login_env, name)
             kept = {
                 node.name: node.run(["test", "-e", STATE_FILE], check=False).returncode == 0
                 for node in [guard.cluster.controller, *guard.compute]
