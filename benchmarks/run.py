@@ -275,8 +275,10 @@ def at_smallest(case):
 
 def on_cluster(case, root: Path):
     """The fleet ``case`` measured on the running cluster in ``root``, at its first size."""
+    size = case.sizes[0]
+    legend = f"{case.legend}\nMeasured on {size} compute nodes of the running cluster in {root}."
     return dataclasses.replace(
-        case, sizes=tuple(case.sizes[:1]), measure=lambda size: case.measure_on(root, size)
+        case, sizes=(size,), measure=lambda size: case.measure_on(root, size), legend=legend
     )
 
 

@@ -126,7 +126,8 @@ def test_the_fleet_benchmark_runs_once_on_the_suite_s_cluster_prints_every_row_a
     _assert_every_row(FLEET, stdout)
     (case,) = _cases(FLEET)
     (size,) = case.smallest["sizes"]
-    assert f"{size} nodes" in stdout, f"not measured on {size} of the cluster's compute nodes\n{stdout}"
+    assert f"Measured on {size} compute nodes of the running cluster in {cluster.root}." in stdout, stdout
+    assert f"{size} nodes" in stdout, stdout
     # Given back: every slurm.conf as it was, nothing of either role left on a compute node.
     assert {node.name: node.read(SLURM_CONF) for node in confs} == before
     for node in cluster.by_role("compute"):
