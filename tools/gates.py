@@ -14,8 +14,9 @@ test files that cost the most CPU seconds (summed over the pytest gates: the two
 the limit of a run, see tests/support/cputime.py) and the run's wall time, so a change that
 slows the suite shows in every run.
 
-The two static gates that take a minute on one core (ansible-sanity, ansible-lint) run in
-the background while pytest runs, when both are selected: pytest's workers leave about a
+The two static gates that take half a minute of one core (ansible-sanity, on the built
+collection alone: see tools/ansible-sanity.sh; ansible-lint) run in the background while
+pytest runs, when both are selected: pytest's workers leave about a
 fifth of two cores idle (they wait on the processes the tests start), which is where those
 gates fit. Their output is kept and printed, in gate order, once pytest's has been.
 other-cpu stays after pytest: its tests use the same Slurm and rollout fixtures as the
