@@ -67,9 +67,6 @@ class Case:
     clock: str = WALL
     # The run of ``run.py --once``, beyond one round (one cycle, the first size): field values.
     smallest: Mapping[str, Any] = field(default_factory=dict)
-    # Given the directory of a running cluster (``run.py --cluster``) and a size: the same
-    # seconds on that many of its compute nodes, the cluster left as it was found.
-    measure_on: Optional[Callable[[Path, int], Mapping[str, float]]] = None
 
 
 @dataclass(frozen=True)
@@ -118,6 +115,9 @@ class FleetCase:
     legend: str = ""
     # The run of ``run.py --once``, beyond one round (one cycle, the first size): field values.
     smallest: Mapping[str, Any] = field(default_factory=dict)
+    # Given the directory of a running cluster (``run.py --cluster``) and a size: the same
+    # seconds on that many of its compute nodes, the cluster left as it was found.
+    measure_on: Optional[Callable[[Path, int], Mapping[str, float]]] = None
 
 
 @dataclass(frozen=True)
