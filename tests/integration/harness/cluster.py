@@ -2,8 +2,8 @@
 compute nodes of three CPU targets (the third with a GPU) and two build nodes.
 
 The cluster gate runs the tests marked ``cluster`` on two xdist workers (``--dist
-loadgroup``), each with a cluster of its own that its tests share: the guard's tests
-(``CLUSTER_GUARD``) on one, those of the shared filesystems, the rebuilds, the harness and
+loadgroup``), each with a cluster of its own that its tests share: the guard's tests and
+the harness's (``CLUSTER_GUARD``) on one, those of the shared filesystems, the rebuilds and
 the fleet benchmark (``CLUSTER``) on the other. The two groups cost about the same, so both
 workers finish together; a group's files run one after another, in the order pytest
 collects them. The CPUs are cpuinfo fixtures of this machine's type (``uname -m``),
