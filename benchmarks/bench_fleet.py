@@ -142,13 +142,14 @@ def _archive(directory: Path) -> Path:
     return archive
 
 
-def measure(size: int) -> dict:
-    """The seconds of the floors and every step on a cluster of ``size`` compute nodes."""
+def measure(size: int, rounds: int = FLOOR_ROUNDS) -> dict:
+    """The seconds of the floors (the median of ``rounds`` runs each) and every step on a
+    cluster of ``size`` compute nodes."""
     with _fleet(size) as site:
-        return _measure(site, site.compute)
+        return _measure(site, site.compute, rounds)
 
 
-def measure_on(root: Path, size: int) -> dict:
+def measure_on(root: Path, size: int, rounds: int = FLOOR_ROUNDS) -> dict:
     """The seconds of the floors and every step on ``size`` compute nodes of the running
     cluster whose directory is ``root`` (``testbed/cluster.py``'s ``cluster.json``): the
     cluster tests' own, which the suite's run of this benchmark borrows rather than start a
@@ -161,7 +162,7 @@ def measure_on(root: Path, size: int) -> dict:
     with guard_root(cluster, stackenv.find_lmod()) as site:
         before = site.slurm_confs([node.name for node in cluster.nodes if node.spec.role != "build"])
         try:
-            return _measure(site, nodes)
+            return _measure(site, nodes, rounds)
         finally:
             _give_back(site, nodes, before)
 
@@ -184,7 +185,7 @@ def _give_back(site: ClusterGuard, nodes: list, before: dict) -> None:
         raise BenchError(f"the borrowed cluster's slurm.conf differs after the benchmark on {changed}")
 
 
-def _measure(site: ClusterGuard, nodes: list) -> dict:
+def _measure(site: ClusterGuard, nodes: list, rounds: int) -> dict:
     """The seconds of the floors and every step on the compute nodes ``nodes`` of ``site``."""
     size = len(nodes)
     names = [node.name for node in nodes]
@@ -193,14 +194,14 @@ def _measure(site: ClusterGuard, nodes: list) -> dict:
     seconds = {}
 
     pings = []
-    for _round in range(FLOOR_ROUNDS):
+    for _round in range(rounds):
         _checked_adhoc(site.adhoc(PING, inventory, "ping"), size, PING)
         pings.append(_last_seconds(site))
     seconds[PING] = statistics.median(pings)
     with tempfile.TemporaryDirectory(dir=site.root) as scratch:
         archive = _archive(Path(scratch))
         copies = []
-        for round_ in range(FLOOR_ROUNDS):
+        for round_ in range(rounds):
             args = f"src={archive} dest=/var/tmp/fleet-floor-{round_}.tar mode=0644"
             _checked_adhoc(site.adhoc(COPY, inventory, "copy", args), size, COPY)
             copies.append(_last_seconds(site))
@@ -248,5 +249,6 @@ CASES = [
         legend=LEGEND,
         smallest={"sizes": SMALLEST_SIZES},
         measure_on=measure_on,
+        rounds=FLOOR_ROUNDS,
     )
 ]

@@ -215,7 +215,7 @@ def _fleet_rows(case):
     a ratio to that size's floor), its growth from the smallest size to the largest (a step's
     also over the floor's growth: 1 where hosts are worked on as much in parallel as the
     floor's, more where a play adds serial work), and its goals, met or missed."""
-    figures = {size: case.measure(size) for size in case.sizes}
+    figures = {size: case.measure(size, case.rounds) for size in case.sizes}
     smallest, largest = case.sizes[0], case.sizes[-1]
     header = ["benchmark"]
     for size in case.sizes:
@@ -262,10 +262,10 @@ ratio: the subject's longest window / the baseline's, same run (0.00: the subjec
 
 
 def at_smallest(case):
-    """``case`` as ``--once`` runs it: one round, one cycle or its first size, and what its
-    ``smallest`` changes beyond that."""
+    """``case`` as ``--once`` runs it: one round, one cycle, or its first size with one round
+    of each floor, and what its ``smallest`` changes beyond that."""
     if isinstance(case, FleetCase):
-        once = {"sizes": tuple(case.sizes[:1])}
+        once = {"sizes": tuple(case.sizes[:1]), "rounds": 1}
     elif isinstance(case, WindowCase):
         once = {"cycles": 1}
     else:
@@ -278,7 +278,10 @@ def on_cluster(case, root: Path):
     size = case.sizes[0]
     legend = f"{case.legend}\nMeasured on {size} compute nodes of the running cluster in {root}."
     return dataclasses.replace(
-        case, sizes=(size,), measure=lambda size: case.measure_on(root, size), legend=legend
+        case,
+        sizes=(size,),
+        measure=lambda size, rounds: case.measure_on(root, size, rounds),
+        legend=legend,
     )
 
 
