@@ -78,6 +78,9 @@ BUILD_PLAY = """\
 """
 # Where on each node the build_host role points EasyBuild (the node's own /opt).
 BUILD_INSTALLPATH = "/opt/apps"
+# What the build_host role writes outside the install path (its defaults): its environment
+# and the command.
+BUILD_HOST_FILES = ("/opt/hpcstack/eb-staged-rebuild", "/usr/local/bin/eb-staged-rebuild")
 LEGEND = f"""\
 Fleet: the wall time of each play over SSH, one run each on a cluster of that many compute
 nodes (Ansible on the controller; {", ".join(f"{k}={v}" for k, v in CONNECTION_ENV.items())},
@@ -139,64 +142,113 @@ def _archive(directory: Path) -> Path:
     return archive
 
 
-def measure(size: int) -> dict:
-    """The seconds of the floors and every step on a cluster of ``size`` compute nodes."""
+def measure(size: int, rounds: int = FLOOR_ROUNDS) -> dict:
+    """The seconds of the floors (the median of ``rounds`` runs each) and every step on a
+    cluster of ``size`` compute nodes."""
     with _fleet(size) as site:
-        names = [node.name for node in site.compute]
-        inventory = site.inventory(f"fleet-{size}", {"slurm_compute": names, "guard_nodes": names})
-        (site.root / "build.yml").write_text(BUILD_PLAY)
-        seconds = {}
+        return _measure(site, site.compute, rounds)
 
-        pings = []
-        for _round in range(FLOOR_ROUNDS):
-            _checked_adhoc(site.adhoc(PING, inventory, "ping"), size, PING)
-            pings.append(_last_seconds(site))
-        seconds[PING] = statistics.median(pings)
-        with tempfile.TemporaryDirectory(dir=site.root) as scratch:
-            archive = _archive(Path(scratch))
-            copies = []
-            for round_ in range(FLOOR_ROUNDS):
-                args = f"src={archive} dest=/var/tmp/fleet-floor-{round_}.tar mode=0644"
-                _checked_adhoc(site.adhoc(COPY, inventory, "copy", args), size, COPY)
-                copies.append(_last_seconds(site))
-        seconds[COPY] = statistics.median(copies)
 
-        _checked(
-            site.role(GUARD_INSTALL, inventory, **GUARD_SETTINGS), size, changed=True, what=GUARD_INSTALL
-        )
-        seconds[GUARD_INSTALL] = _last_seconds(site)
-        _checked(site.role(GUARD_RERUN, inventory, **GUARD_SETTINGS), size, changed=False, what=GUARD_RERUN)
-        seconds[GUARD_RERUN] = _last_seconds(site)
-        removal = site.role(GUARD_REMOVE, inventory, arch_guard_state="absent", **GUARD_SETTINGS)
-        _checked(removal, size, changed=True, what=GUARD_REMOVE)
-        seconds[GUARD_REMOVE] = _last_seconds(site)
+def measure_on(root: Path, size: int, rounds: int = FLOOR_ROUNDS) -> dict:
+    """The seconds of the floors and every step on ``size`` compute nodes of the running
+    cluster whose directory is ``root`` (``testbed/cluster.py``'s ``cluster.json``): the
+    cluster tests' own, which the suite's run of this benchmark borrows rather than start a
+    third. The cluster is left as it was found: the guard removed by its role, the build_host
+    role's files gone from the nodes, every slurm.conf back byte for byte."""
+    cluster = namespace_cluster.Cluster.load(root)
+    nodes = cluster.by_role("compute")[:size]
+    if len(nodes) < size:
+        raise BenchError(f"the cluster in {root} has {len(nodes)} compute nodes, not {size}")
+    with guard_root(cluster, stackenv.find_lmod()) as site:
+        before = site.slurm_confs([node.name for node in cluster.nodes if node.spec.role != "build"])
+        try:
+            return _measure(site, nodes, rounds)
+        finally:
+            _give_back(site, nodes, before)
 
-        rollout = site.playbook(ROLLOUT, "guard_rollout", inventory, site.rollout_settings(guard_batch="10%"))
-        _checked(rollout, size, changed=True, what=ROLLOUT)
-        if f"eessi-arch-guard on {size} nodes: installed on {size}" not in rollout.stdout:
-            raise BenchError(
-                f"{ROLLOUT}: the report does not say installed on {size}\n{rollout.stdout[-4000:]}"
-            )
-        seconds[ROLLOUT] = _last_seconds(site)
 
-        for node in site.compute:
-            node.run(["mkdir", "-p", f"{BUILD_INSTALLPATH}/software", f"{BUILD_INSTALLPATH}/modules"])
-        build = str(site.root / "build.yml")
-        # EasyBuild from the wheelhouse tools/bootstrap.sh built, as the cluster tests install it.
-        wheelhouse = Path(stackenv.find_eb()).parent.parent / "wheelhouse"
-        build_settings = {
-            "build_host_installpath": BUILD_INSTALLPATH,
-            "build_host_pip_args": ["--no-index", "--find-links", str(wheelhouse)],
-        }
-        for step, changed in ((BUILD_INSTALL, True), (BUILD_RERUN, False)):
-            _checked(site.playbook(step, build, inventory, build_settings), size, changed=changed, what=step)
-            seconds[step] = _last_seconds(site)
-        return seconds
+def _give_back(site: ClusterGuard, nodes: list, before: dict) -> None:
+    """Undo on a borrowed cluster what the plays did on ``nodes``; BenchError if it is not as
+    it was."""
+    names = [node.name for node in nodes]
+    inventory = site.inventory("fleet-give-back", {"slurm_compute": names, "guard_nodes": names})
+    removal = site.role(
+        "give back: arch_guard removal", inventory, arch_guard_state="absent", **GUARD_SETTINGS
+    )
+    _checked(removal, len(names), changed=None, what="the borrowed cluster's arch_guard removal")
+    for node in nodes:
+        node.run(["rm", "-rf", *BUILD_HOST_FILES, BUILD_INSTALLPATH])
+        node.sh("rm -f /var/tmp/fleet-floor-*.tar")
+    after = site.slurm_confs(list(before))
+    if after != before:
+        changed = sorted(name for name in before if after[name] != before[name])
+        raise BenchError(f"the borrowed cluster's slurm.conf differs after the benchmark on {changed}")
+
+
+def _measure(site: ClusterGuard, nodes: list, rounds: int) -> dict:
+    """The seconds of the floors and every step on the compute nodes ``nodes`` of ``site``."""
+    size = len(nodes)
+    names = [node.name for node in nodes]
+    inventory = site.inventory(f"fleet-{size}", {"slurm_compute": names, "guard_nodes": names})
+    (site.root / "build.yml").write_text(BUILD_PLAY)
+    seconds = {}
+
+    pings = []
+    for _round in range(rounds):
+        _checked_adhoc(site.adhoc(PING, inventory, "ping"), size, PING)
+        pings.append(_last_seconds(site))
+    seconds[PING] = statistics.median(pings)
+    with tempfile.TemporaryDirectory(dir=site.root) as scratch:
+        archive = _archive(Path(scratch))
+        copies = []
+        for round_ in range(rounds):
+            args = f"src={archive} dest=/var/tmp/fleet-floor-{round_}.tar mode=0644"
+            _checked_adhoc(site.adhoc(COPY, inventory, "copy", args), size, COPY)
+            copies.append(_last_seconds(site))
+    seconds[COPY] = statistics.median(copies)
+
+    _checked(site.role(GUARD_INSTALL, inventory, **GUARD_SETTINGS), size, changed=True, what=GUARD_INSTALL)
+    seconds[GUARD_INSTALL] = _last_seconds(site)
+    _checked(site.role(GUARD_RERUN, inventory, **GUARD_SETTINGS), size, changed=False, what=GUARD_RERUN)
+    seconds[GUARD_RERUN] = _last_seconds(site)
+    removal = site.role(GUARD_REMOVE, inventory, arch_guard_state="absent", **GUARD_SETTINGS)
+    _checked(removal, size, changed=True, what=GUARD_REMOVE)
+    seconds[GUARD_REMOVE] = _last_seconds(site)
+
+    rollout = site.playbook(ROLLOUT, "guard_rollout", inventory, site.rollout_settings(guard_batch="10%"))
+    _checked(rollout, size, changed=True, what=ROLLOUT)
+    if f"eessi-arch-guard on {size} nodes: installed on {size}" not in rollout.stdout:
+        raise BenchError(f"{ROLLOUT}: the report does not say installed on {size}\n{rollout.stdout[-4000:]}")
+    seconds[ROLLOUT] = _last_seconds(site)
+
+    for node in nodes:
+        node.run(["mkdir", "-p", f"{BUILD_INSTALLPATH}/software", f"{BUILD_INSTALLPATH}/modules"])
+    build = str(site.root / "build.yml")
+    # EasyBuild from the wheelhouse tools/bootstrap.sh built, as the cluster tests install it.
+    wheelhouse = Path(stackenv.find_eb()).parent.parent / "wheelhouse"
+    build_settings = {
+        "build_host_installpath": BUILD_INSTALLPATH,
+        "build_host_pip_args": ["--no-index", "--find-links", str(wheelhouse)],
+    }
+    for step, changed in ((BUILD_INSTALL, True), (BUILD_RERUN, False)):
+        _checked(site.playbook(step, build, inventory, build_settings), size, changed=changed, what=step)
+        seconds[step] = _last_seconds(site)
+    return seconds
 
 
 # ``run.py --once``: two compute nodes, the fewest that give the rollout a canary and a batch.
 SMALLEST_SIZES = (2,)
 
 CASES = [
-    FleetCase("fleet", SIZES, [PING, COPY], STEPS, measure, legend=LEGEND, smallest={"sizes": SMALLEST_SIZES})
+    FleetCase(
+        "fleet",
+        SIZES,
+        [PING, COPY],
+        STEPS,
+        measure,
+        legend=LEGEND,
+        smallest={"sizes": SMALLEST_SIZES},
+        measure_on=measure_on,
+        rounds=FLOOR_ROUNDS,
+    )
 ]

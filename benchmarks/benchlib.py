@@ -109,12 +109,18 @@ class FleetCase:
     sizes: Sequence[int]
     floors: Sequence[str]
     steps: Sequence[FleetStep]
-    # Given a size: the seconds of every floor and step, by name, on a cluster of that size.
-    measure: Callable[[int], Mapping[str, float]]
+    # Given a size and the rounds of each floor: the seconds of every floor (the median of its
+    # rounds) and step, by name, on a cluster of that size.
+    measure: Callable[[int, int], Mapping[str, float]]
     # Printed above the table: what the sizes count, the connection settings.
     legend: str = ""
     # The run of ``run.py --once``, beyond one round (one cycle, the first size): field values.
     smallest: Mapping[str, Any] = field(default_factory=dict)
+    # Given the directory of a running cluster (``run.py --cluster``), a size and the rounds:
+    # the same seconds on that many of its compute nodes, the cluster left as it was found.
+    measure_on: Optional[Callable[[Path, int, int], Mapping[str, float]]] = None
+    # How many times each floor runs (its figure the median); ``--once``: one.
+    rounds: int = 3
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,14 @@
 """`make bench`: run every benchmarks/bench_*.py and print each case beside its baseline.
 
-    .venv/bin/python benchmarks/run.py [--once] [NAME-SUBSTRING | bench_FILE ...]
+    .venv/bin/python benchmarks/run.py [--once] [--cluster DIR] [NAME-SUBSTRING | bench_FILE ...]
 
 ``--once`` runs every case once at its smallest size (``benchlib``): the tables are printed
 as usual, their figures mean nothing. ``make test`` runs each benchmark so
 (``tests/integration/test_benchmarks.py``), so that a change that breaks one fails there.
+``--cluster DIR`` has the fleet cases measure on the namespace cluster already running in
+DIR (``testbed/cluster.py``), at their first size only (that many of its compute nodes),
+instead of starting clusters of their own (the cluster tests lend theirs so); they leave it
+as they found it.
 
 Timing cases (``Case``, and ``Comparison`` with a row per subject) make the first table.
 The ratio is subject median / baseline median from the same run: below 1 the subject is
@@ -211,7 +215,7 @@ def _fleet_rows(case):
     a ratio to that size's floor), its growth from the smallest size to the largest (a step's
     also over the floor's growth: 1 where hosts are worked on as much in parallel as the
     floor's, more where a play adds serial work), and its goals, met or missed."""
-    figures = {size: case.measure(size) for size in case.sizes}
+    figures = {size: case.measure(size, case.rounds) for size in case.sizes}
     smallest, largest = case.sizes[0], case.sizes[-1]
     header = ["benchmark"]
     for size in case.sizes:
@@ -258,10 +262,10 @@ ratio: the subject's longest window / the baseline's, same run (0.00: the subjec
 
 
 def at_smallest(case):
-    """``case`` as ``--once`` runs it: one round, one cycle or its first size, and what its
-    ``smallest`` changes beyond that."""
+    """``case`` as ``--once`` runs it: one round, one cycle, or its first size with one round
+    of each floor, and what its ``smallest`` changes beyond that."""
     if isinstance(case, FleetCase):
-        once = {"sizes": tuple(case.sizes[:1])}
+        once = {"sizes": tuple(case.sizes[:1]), "rounds": 1}
     elif isinstance(case, WindowCase):
         once = {"cycles": 1}
     else:
@@ -269,9 +273,26 @@ def at_smallest(case):
     return dataclasses.replace(case, **{**once, **case.smallest})
 
 
+def on_cluster(case, root: Path):
+    """The fleet ``case`` measured on the running cluster in ``root``, at its first size."""
+    size = case.sizes[0]
+    legend = f"{case.legend}\nMeasured on {size} compute nodes of the running cluster in {root}."
+    return dataclasses.replace(
+        case,
+        sizes=(size,),
+        measure=lambda size, rounds: case.measure_on(root, size, rounds),
+        legend=legend,
+    )
+
+
 def main(argv: list[str]) -> int:
     once = "--once" in argv
     words = [word for word in argv if word != "--once"]
+    borrowed = None
+    if "--cluster" in words:
+        at = words.index("--cluster")
+        borrowed = Path(words[at + 1])
+        del words[at : at + 2]
     with tempfile.TemporaryDirectory(prefix="hpcstack-bench-") as tmp:
         sys.path.insert(0, str(checkout.link_package(Path(tmp))))
         cases = []
@@ -283,6 +304,8 @@ def main(argv: list[str]) -> int:
         timing = [case for case in cases if isinstance(case, (Case, Comparison))]
         windows = [case for case in cases if isinstance(case, WindowCase)]
         fleets = [case for case in cases if isinstance(case, FleetCase)]
+        if borrowed is not None:
+            fleets = [on_cluster(case, borrowed) for case in fleets]
         # Each table printed as soon as it is measured: the fleet's takes minutes.
         tables = [(timing, "", _timing_rows), (windows, WINDOW_HEADER, _window_rows)]
         tables += [([fleet], fleet.legend, lambda cases: _fleet_rows(cases[0])) for fleet in fleets]

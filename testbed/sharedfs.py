@@ -29,6 +29,7 @@ import shlex
 import subprocess
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -297,14 +298,24 @@ def _end(node: Node, pid_files: Sequence[str], signal: str = "TERM") -> None:
         node.run(["sh", "-c", _END, "-", signal, str(int(STOP_GRACE)), *pid_files], timeout=STOP_TIMEOUT)
 
 
+def _end_client(node: Node, mountpoint: str, pid_file: str) -> None:
+    if node.alive():
+        # Lazy: a failed test may have left a process with its working directory there.
+        node.run(["umount", "-l", mountpoint], check=False)
+        _end(node, [pid_file])
+
+
 def stop(cluster: Cluster, sharedfs: SharedFS) -> None:
-    """Unmount on every client and end its FUSE daemon, then end the servers, each by its pid."""
-    for name, pid_file in sharedfs.clients:
-        node = cluster.node(name)
-        if node.alive():
-            # Lazy: a failed test may have left a process with its working directory there.
-            node.run(["umount", "-l", sharedfs.mountpoint], check=False)
-            _end(node, [pid_file])
+    """Unmount on every client and end its FUSE daemon, then end the servers, each by its pid.
+    The clients all at once: each is on a node of its own, and a FUSE daemon may take its
+    grace period to go, which one after another would add up."""
+    with ThreadPoolExecutor(max_workers=max(1, len(sharedfs.clients))) as pool:
+        ended = [
+            pool.submit(_end_client, cluster.node(name), sharedfs.mountpoint, pid_file)
+            for name, pid_file in sharedfs.clients
+        ]
+    for future in ended:
+        future.result()
     by_node: dict = {}
     for name, pid_file in sharedfs.servers:
         by_node.setdefault(name, []).append(pid_file)

@@ -14,8 +14,9 @@ test files that cost the most CPU seconds (summed over the pytest gates: the two
 the limit of a run, see tests/support/cputime.py) and the run's wall time, so a change that
 slows the suite shows in every run.
 
-The two static gates that take a minute on one core (ansible-sanity, ansible-lint) run in
-the background while pytest runs, when both are selected: pytest's workers leave about a
+The two static gates that take half a minute of one core (ansible-sanity, on the built
+collection alone: see tools/ansible-sanity.sh; ansible-lint) run in the background while
+pytest runs, when both are selected: pytest's workers leave about a
 fifth of two cores idle (they wait on the processes the tests start), which is where those
 gates fit. Their output is kept and printed, in gate order, once pytest's has been.
 other-cpu stays after pytest: its tests use the same Slurm and rollout fixtures as the
@@ -24,10 +25,12 @@ suite's, which run one at a time.
 cluster runs the tests of the namespace cluster (marked ``cluster``) last, in a pytest of its
 own, once nothing else runs. They wait on SSH, Slurm and the shared filesystems' daemons for
 three quarters of their time, but beside pytest, which keeps both cores busy, they only
-stretch its run and theirs (measured: the whole suite 54 s slower). Their two workers take a
-test file at a time each (``--dist loadfile``) and each makes a cluster of its own, which its
-files' tests share: the guard's file runs on one while the others run on the other. pytest
-leaves them out.
+stretch its run and theirs (measured: the whole suite 54 s slower). Their two workers take
+one group of test files each (``--dist loadgroup``; the groups are in
+tests/integration/harness/cluster.py, chosen so that both take about as long) and each makes
+a cluster of its own, which its group's tests share: the guard's and the harness's tests on
+one, the shared filesystems', the rebuilds' and the fleet benchmark's on the other (the benchmark borrows
+that cluster rather than start one). pytest leaves them out.
 """
 
 from __future__ import annotations
@@ -54,8 +57,9 @@ from tests.support import cputime  # noqa: E402
 
 PYTHON = sys.executable
 PYTEST = [PYTHON, "-m", "pytest", "-p", "xdist", "-n", "auto", "--dist", "loadgroup"]
-# Two workers, a test file at a time each: a file's tests share the cluster its worker made.
-CLUSTER_PYTEST = [PYTHON, "-m", "pytest", "-p", "xdist", "-n", "2", "--dist", "loadfile"]
+# Two workers, a group of test files each (tests/integration/harness/cluster.py): a group's
+# tests share the cluster its worker made.
+CLUSTER_PYTEST = [PYTHON, "-m", "pytest", "-p", "xdist", "-n", "2", "--dist", "loadgroup"]
 SLOWEST = 10
 # `make check`: the gates that take seconds, and the unit tests (a minute of two cores).
 CHECK = ("shellcheck", "ruff-check", "ruff-format", "compile", "types", "changelog", "unit")

@@ -4,7 +4,8 @@ next ``make bench``. The figures of such a run mean nothing; what is checked is 
 ends, prints a row for every case, and that the publish window's subject still leaves no
 reader a missing or partial tree (the tool's headline, which a one-cycle run shows too).
 
-The fleet benchmark starts a namespace cluster of its own: it runs in the cluster gate.
+The fleet benchmark runs in the cluster gate, on the cluster the cluster tests share
+(``run.py --cluster``) rather than on one of its own: it must give it back as it found it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,18 @@ import sys
 import pytest
 
 import checkout
+from tests.integration.harness.cluster import STORAGE_GROUP
+
+SLURM_CONF = "/etc/slurm/slurm.conf"
+# What the arch_guard and build_host roles install on a node, and the benchmark's own files.
+GUARD_AND_BUILD_HOST = (
+    "/opt/hpcstack/arch-guard",
+    "/var/lib/hpcstack/arch-guard/previous-task-prolog.json",
+    "/opt/hpcstack/eb-staged-rebuild",
+    "/usr/local/bin/eb-staged-rebuild",
+    "/opt/apps",
+    "/var/tmp/fleet-floor-0.tar",
+)
 
 BENCHMARKS = checkout.REPO / "benchmarks"
 RUN = BENCHMARKS / "run.py"
@@ -50,9 +63,9 @@ def _row_names(case, run):
     return [name for name, _factory in run._subjects(case)]
 
 
-def _assert_runs_once(stem):
+def _assert_runs_once(stem, *options):
     done = subprocess.run(
-        [sys.executable, str(RUN), "--once", stem],
+        [sys.executable, str(RUN), "--once", *options, stem],
         cwd=checkout.REPO,
         capture_output=True,
         text=True,
@@ -101,7 +114,22 @@ def test_the_benchmark_runs_once_at_its_smallest_size_and_prints_every_row(stem,
 
 
 @pytest.mark.cluster
-@pytest.mark.xdist_group("cluster")
-def test_the_fleet_benchmark_runs_once_on_its_smallest_cluster_and_prints_every_row(bench_path):
-    stdout = _assert_runs_once(FLEET)
+@pytest.mark.xdist_group(STORAGE_GROUP)
+def test_the_fleet_benchmark_runs_once_on_the_suite_s_cluster_prints_every_row_and_gives_it_back(
+    bench_path, cluster
+):
+    confs = [node for node in cluster.nodes if node.spec.role != "build"]
+    before = {node.name: node.read(SLURM_CONF) for node in confs}
+
+    stdout = _assert_runs_once(FLEET, "--cluster", str(cluster.root))
+
     _assert_every_row(FLEET, stdout)
+    (case,) = _cases(FLEET)
+    (size,) = case.smallest["sizes"]
+    assert f"Measured on {size} compute nodes of the running cluster in {cluster.root}." in stdout, stdout
+    assert f"{size} nodes" in stdout, stdout
+    # Given back: every slurm.conf as it was, nothing of either role left on a compute node.
+    assert {node.name: node.read(SLURM_CONF) for node in confs} == before
+    for node in cluster.by_role("compute"):
+        left = node.run(["ls", "-d", *GUARD_AND_BUILD_HOST], check=False).stdout.split()
+        assert left == [], (node.name, left)

@@ -8,12 +8,12 @@ submits ``srun -N3`` or ``sbatch -N3``. Every task on every node must end up wit
 archdetect runs logged on each node), with the guard's message once per node and step that
 it repaired.
 
-Slurm's configuration two ways, each rolled out and removed once: the role owning every
-compute node's own slurm.conf (installed by ``guard_rollout.yml``: canary, batches, fleet
-report), and configless Slurm, where the role edits only the controller's file. After each
-removal every slurm.conf is back byte for byte and jobs run without the guard.
+The role owns every compute node's own slurm.conf (installed by ``guard_rollout.yml``:
+canary, batches, fleet report); after the removal every slurm.conf is back byte for byte and
+jobs run without the guard. Where many nodes read one configuration (a shared file,
+configless Slurm) is ``test_cluster_guard_layouts.py``'s.
 
-The tests of a mode run in file order: install (a module fixture), jobs, removal.
+The tests run in file order: install (a module fixture), jobs, removal.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 import eessilike
-from tests.integration.harness.cluster import CLUSTER
+from tests.integration.harness.cluster import CLUSTER_GUARD
 from tests.integration.harness.cluster_guard import (
     PARTIAL_VERSION,
     RUNLOG,
@@ -35,7 +35,7 @@ from tests.integration.harness.cluster_guard import (
     guard_root,
 )
 
-pytestmark = CLUSTER
+pytestmark = CLUSTER_GUARD
 
 PREFIX = "/opt/hpcstack/arch-guard"
 LAUNCHER = f"{PREFIX}/bin/eessi-arch-guard"
@@ -47,8 +47,6 @@ REPAIR_RUNS = 4
 MATCH_RUNS = 2
 # Set per job by Slurm or by the test, not by a login.
 OWN = {"TMPDIR", "HOME", "USER", "LOGNAME"}
-# Where a configless slurmd keeps the configuration it fetched.
-CONF_CACHE = "/var/spool/slurmd/conf-cache/slurm.conf"
 
 
 @pytest.fixture(scope="module")
@@ -322,60 +320,3 @@ def _assert_jobs_run_without_the_guard(guard, login_env) -> None:
     for view in out.tasks.values():
         assert view["EESSI_SOFTWARE_SUBDIR"] == guard.targets["login"]
         assert view["EESSI_ARCH_GUARD_RELOADED"] == ""
-
-
-# ------------------------------------------------------------------ configless Slurm
-
-
-@pytest.fixture(scope="module")
-def configless(guard: ClusterGuard):
-    """slurmctld with enable_configless, each slurmd started with --conf-server: the nodes run
-    the controller's configuration. The harness's own mode comes back afterwards."""
-    guard.restart_slurm(configless=True)
-    try:
-        yield
-    finally:
-        guard.restart_slurm(configless=False)
-
-
-def test_configless_the_role_edits_only_the_controller_s_conf_and_removal_puts_it_back(
-    guard, configless, views, login_env
-):
-    login, targets = guard.targets["login"], guard.targets
-    names = ["ctl", *[node.name for node in guard.compute]]
-    before = guard.slurm_confs(names)
-    assert "SlurmctldParameters=enable_configless\n" in before["ctl"]
-    inventory = guard.inventory(
-        "configless", {"guard_nodes": [node.name for node in guard.compute], "controller": ["ctl"]}
-    )
-    settings = {"arch_guard_manage_slurm_conf": True, "arch_guard_slurm_conf_host": "ctl"}
-    try:
-        installed = guard.role("configless install", inventory, **settings)
-
-        assert (installed.done.returncode, installed.failed) == (0, 0), installed.output[-6000:]
-        after = guard.slurm_confs(names)
-        assert after == dict(before, ctl=before["ctl"] + f"TaskProlog={LAUNCHER}\n")
-        assert installed.stdout.count("RUNNING HANDLER [hpcstack.ops.arch_guard : Reconfigure Slurm]") == 1
-        # Each slurmd runs what it fetched from the controller, not its own file.
-        for node in guard.compute:
-            assert f"TaskProlog={LAUNCHER}" in node.read(CONF_CACHE), node.name
-        work = guard.workdir("configless")
-        guard.clear_runlogs()
-        out = guard.srun(
-            work, dict(login_env, TMPDIR=str(work / "tmp"), EESSI_ARCHDETECT_STANDIN_RUNLOG=RUNLOG)
-        )
-        ranks = _assert_tasks_see_their_node(
-            out, views, "0", {name: f"{login}->{targets[name]}" for name in views}
-        )
-        _assert_messages(out, ranks, {name: _message(targets[name], login) for name in views}, "0")
-        assert {name: len(runs) for name, runs in guard.runlogs().items()} == dict.fromkeys(
-            views, REPAIR_RUNS
-        )
-
-        removed = guard.role("configless absent", inventory, arch_guard_state="absent", **settings)
-
-        assert (removed.done.returncode, removed.failed) == (0, 0), removed.output[-6000:]
-        assert guard.slurm_confs(names) == before
-        _assert_jobs_run_without_the_guard(guard, login_env)
-    finally:
-        _restore(guard, before)

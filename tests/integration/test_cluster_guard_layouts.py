@@ -21,10 +21,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness.cluster import CLUSTER
-from tests.integration.harness.cluster_guard import SLURM_CONF, ClusterGuard, LoopJob, guard_root
+from tests.integration.harness.cluster import CLUSTER_GUARD
+from tests.integration.harness.cluster_guard import (
+    JOB_TIMEOUT,
+    RUNLOG,
+    SLURM_CONF,
+    ClusterGuard,
+    LoopJob,
+    guard_root,
+)
+from tests.integration.harness.guard_slurm import job_output
 
-pytestmark = CLUSTER
+pytestmark = CLUSTER_GUARD
 
 PREFIX = "/opt/hpcstack/arch-guard"
 LAUNCHER = f"{PREFIX}/bin/eessi-arch-guard"
@@ -37,6 +45,11 @@ echo "export SITE_TASK_PROLOG=ran"
 """
 # Jobs the loop must have finished after each phase, to show what users see then.
 JOBS_AFTER = 2
+# A decision of a step that repaired the environment: the guard's archdetect runs (cpupath,
+# accelpath) and the two of the EESSI module that the restore helper loads again.
+REPAIR_RUNS = 4
+# Where a configless slurmd keeps the configuration it fetched.
+CONF_CACHE = "/var/spool/slurmd/conf-cache/slurm.conf"
 
 
 @pytest.fixture(scope="module")
@@ -122,16 +135,61 @@ def _assert_site_output_first(job: LoopJob) -> None:
         assert site[0] < guard[0], (rank, lines)
 
 
+def _assert_one_repair_per_node(guard: ClusterGuard, login_env: dict, name: str) -> None:
+    """``srun -N3``, two tasks a node, from the login node: every task gets its node's EESSI,
+    the guard says so once per node, and decides once per node (the archdetect runs each
+    node logged: two for the CPU and accelerator, two of the EESSI module loaded again).
+    Submitted beside the loop's jobs, so not through ``ClusterGuard.srun``, which waits for
+    the queue to empty."""
+    login, targets = guard.targets["login"], guard.targets
+    work = guard.workdir(f"srun-{name}")
+    guard.clear_runlogs()
+    argv = [
+        "srun", "--quiet", "-N3", "--ntasks-per-node=2", "--overcommit", "--label",
+        str(work / "task.sh"), str(work),
+    ]  # fmt: skip
+    env = dict(login_env, TMPDIR=str(work / "tmp"), EESSI_ARCHDETECT_STANDIN_RUNLOG=RUNLOG)
+    done = guard.login.run(argv, env=env, workdir=str(work), timeout=JOB_TIMEOUT, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = job_output(done.stdout, first="0")
+    nodes = sorted(view["node"] for view in out.tasks.values())
+    assert nodes == ["c1", "c1", "c2", "c2", "c3", "c3"], out.text
+    for view in out.tasks.values():
+        target = targets[view["node"]]
+        assert view["EESSI_SOFTWARE_SUBDIR"] == target, out.text
+        assert view["EESSI_ARCH_GUARD_RELOADED"] == f"{login}->{target}", out.text
+    assert sorted(text for _step, _rank, text in out.messages) == sorted(
+        f"eessi-arch-guard: reloaded EESSI for {targets[node]} (job environment was {login})"
+        for node in ("c1", "c2", "c3")
+    ), out.text
+    assert {node: len(runs) for node, runs in guard.runlogs().items()} == dict.fromkeys(
+        ("c1", "c2", "c3"), REPAIR_RUNS
+    )
+
+
 def _assert_rollout_and_removal_under_load(
-    guard: ClusterGuard, login_env: dict, name: str, groups: dict, *, site: bool, owner: str, **more
+    guard: ClusterGuard,
+    login_env: dict,
+    name: str,
+    groups: dict,
+    *,
+    site: bool,
+    owner: str,
+    fetched: bool = False,
+    **more,
 ) -> None:
-    """The rollout, an idempotent rerun and the removal, with the job loop running all along."""
+    """The rollout, an idempotent rerun and the removal, with the job loop running all along.
+    ``fetched``: every slurmd runs the configuration it fetched from the controller
+    (configless), whose file alone the role edits: the nodes' own files stay as they are;
+    and a job's tasks are repaired as with the nodes' own files."""
     login, targets = guard.targets["login"], guard.targets
     before = _conf(guard)
+    own_before = guard.slurm_confs([node.name for node in guard.compute])
     saved = guard.root / f"{name}.slurm.conf.before"
     saved.write_text(before)
     inventory = _inventory(guard, name, ["c1", "c2", "c3"], **groups)
-    settings = guard.rollout_settings(**more)
+    # After the canary, c2 and c3 in one batch: one by one is test_cluster_guard.py's rollout.
+    settings = guard.rollout_settings(**{"guard_batch": 2, **more})
     work = guard.workdir(f"loop-{name}")
     try:
         # Check mode: the change shown, once, and nothing written anywhere.
@@ -157,6 +215,10 @@ def _assert_rollout_and_removal_under_load(
             assert (play.done.returncode, play.failed) == (0, 0), play.output[-6000:]
             loop.wait_for(JOBS_AFTER, switched)
             installed = _conf(guard)
+            own_installed = guard.slurm_confs([node.name for node in guard.compute])
+            caches = {node.name: node.read(CONF_CACHE) for node in guard.compute} if fetched else {}
+            if fetched:
+                _assert_one_repair_per_node(guard, login_env, name)
             kept = {
                 node.name: node.run(["test", "-e", STATE_FILE], check=False).returncode == 0
                 for node in [guard.cluster.controller, *guard.compute]
@@ -214,6 +276,12 @@ def _assert_rollout_and_removal_under_load(
         # The line found before the guard's is kept once, on the owner.
         assert kept == {node: node == owner for node in kept}
         assert installed.count(f"TaskProlog={WRAPPER if site else LAUNCHER}\n") == 1, installed
+        if fetched:
+            # The controller's file alone got the line, and each slurmd runs what it fetched.
+            assert installed == before + f"TaskProlog={LAUNCHER}\n"
+            assert own_installed == own_before
+            for node_name, cache in caches.items():
+                assert f"TaskProlog={LAUNCHER}" in cache, node_name
         # Removed: the configuration byte for byte what it was, the guard gone from every node.
         assert guard.cluster.controller.run(["cmp", str(saved), SLURM_CONF], check=False).returncode == 0
         for node in guard.compute:
@@ -303,7 +371,9 @@ class TestConfigless:
         assert _conf(guard) == before
         _assert_nothing_installed(guard)
 
-    def test_rollout_and_removal_fail_no_job(self, guard, configless, login_env):
+    def test_rollout_and_removal_fail_no_job_and_edit_only_the_controller_s_file(
+        self, guard, configless, login_env
+    ):
         _assert_rollout_and_removal_under_load(
             guard,
             login_env,
@@ -311,5 +381,6 @@ class TestConfigless:
             {"controller": ["ctl"]},
             site=False,
             owner="ctl",
+            fetched=True,
             arch_guard_slurm_conf_host="ctl",
         )

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 import cluster as namespace_cluster
-from tests.integration.harness.cluster import CLUSTER, ansible_env
+from tests.integration.harness.cluster import CLUSTER_GUARD, ansible_env
 
-pytestmark = CLUSTER
+pytestmark = CLUSTER_GUARD
 
 HERE = Path(namespace_cluster.__file__).resolve()
 
