@@ -52,7 +52,7 @@ def contend(state_root, host, probe_id, participants, *, rounds=20, hold_seconds
     root = os.path.join(state_root, PROBE_DIR, probe_id)
     for sub in ("ready", "done"):
         fsutil.refuse_symlink_components(os.path.join(root, sub))
-        os.makedirs(os.path.join(root, sub), mode=0o700, exist_ok=True)
+    _make_meeting_place(root, wait_seconds)
     _write(os.path.join(root, "ready", host), host)
     _meet(os.path.join(root, "ready"), participants, wait_seconds)
     overlaps = []
@@ -74,6 +74,28 @@ def contend(state_root, host, probe_id, participants, *, rounds=20, hold_seconds
         "overlaps": overlaps,
         "coherent": not overlaps,
     }
+
+
+def _make_meeting_place(root: str, wait_seconds: float) -> None:
+    """Create ``root``'s ``ready`` and ``done``, which every host creates at the same moment.
+
+    On a filesystem whose clients cache lookups (GlusterFS), the host that loses the race for
+    ``root`` gets EEXIST, and then ENOENT creating ``ready`` inside it until its client sees
+    the winner's directory: that is tried again, until ``wait_seconds``."""
+
+    def made() -> bool:
+        try:
+            for sub in ("ready", "done"):
+                os.makedirs(os.path.join(root, sub), mode=0o700, exist_ok=True)
+        except FileNotFoundError:
+            return False
+        return True
+
+    if not lockwait.poll(made, Deadline(wait_seconds), longest_pause=_LONGEST_PAUSE):
+        raise errors.LockError(
+            f"the lock probe could not create {root}/ready in {wait_seconds:g} s: another host made "
+            f"{root}, and this one does not see it (does this host see the state root's changes?)"
+        )
 
 
 def _hold(marker, host, hold_seconds):

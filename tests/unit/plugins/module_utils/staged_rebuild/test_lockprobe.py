@@ -98,6 +98,40 @@ def test_a_host_that_never_arrives_ends_the_wait_with_one_line(state_root):
     assert time.monotonic() - started < 5
 
 
+def _lagging_client(monkeypatch, misses):
+    """``os.makedirs`` as a GlusterFS client that does not yet see the directory another host
+    just made: ENOENT ``misses`` times, then the real call. Two clients of one volume cannot
+    run in a unit test (the cluster gate runs them); the lag is what they show."""
+    real, calls = lockprobe.os.makedirs, []
+
+    def makedirs(path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) <= misses:
+            raise FileNotFoundError(2, "No such file or directory", path)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(lockprobe.os, "makedirs", makedirs)
+    return calls
+
+
+def test_a_probe_directory_another_host_made_but_this_one_does_not_see_yet_is_tried_again(
+    state_root, monkeypatch
+):
+    calls = _lagging_client(monkeypatch, misses=3)
+
+    result = lockprobe.contend(str(state_root), "build1", "p1", 1, rounds=1, hold_seconds=0.01)
+
+    # Past the three misses (os.makedirs also calls itself for the parents it makes).
+    assert (result["coherent"], len(calls) > 3) == (True, True)
+
+
+def test_a_probe_directory_this_host_never_sees_ends_the_wait_with_one_line(state_root, monkeypatch):
+    _lagging_client(monkeypatch, misses=10**6)
+
+    with pytest.raises(errors.LockError, match=r"could not create .*p1/ready in 0.2 s: another host made"):
+        lockprobe.contend(str(state_root), "build1", "p1", 1, wait_seconds=0.2)
+
+
 @pytest.mark.parametrize(
     ("host", "probe_id", "participants", "message"),
     [
