@@ -5,7 +5,7 @@ every integration test.
 """
 
 from tests.integration.harness.cluster import cephfs, cluster, glusterfs, one_disk
-from tests.integration.harness.ebsite import eb_site_factory
+from tests.integration.harness.ebsite import built_trees, eb_site_factory
 from tests.integration.harness.guard import eessi_prefix, guard_site
 from tests.integration.harness.guard_rollout import job_root
 from tests.integration.harness.guard_slurm import slurm_guard
@@ -20,6 +20,7 @@ from tests.support.users import attacker_user, unprivileged_user, user_tmp_path
 
 __all__ = [
     "attacker_user",
+    "built_trees",
     "cephfs",
     "cluster",
     "deep_scratch",

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import stat
 import subprocess
 
 import tinypkgs
+from tests.integration.harness.ebsite import BuiltTrees
 
 
 def _module_shell(easybuild, installpath, script):
@@ -65,3 +70,86 @@ def test_easybuild_refuses_a_source_whose_checksum_does_not_match(easybuild, tmp
     # EasyBuild leaves the empty directories it created, but no module file and no install.
     assert not (live / "modules" / "all" / tinypkgs.LIB / f"{tinypkgs.VERSION}.lua").exists()
     assert not any((live / "software" / tinypkgs.LIB / tinypkgs.VERSION).iterdir())
+
+
+# --- the live trees the staged tests copy instead of building again -----------------------
+
+# What differs between two real builds of the same packages in the same place: the time in
+# the names of EasyBuild's logs, and its records of the run (logs, test reports, the copy of
+# the easyconfig with the build's statistics, the reproducibility files).
+BUILD_TIME = re.compile(r"\d{8}\.\d{6}")
+RUN_RECORDS = re.compile(r"(\.log|_test_report\.md)$|^eb-state/ebfiles_repo/|/easybuild/reprod/")
+
+
+def _record(site) -> dict:
+    """Every entry EasyBuild wrote in ``site``: type, mode, owner, modification time, and
+    symlink target or bytes, by its path (the time in a log's name taken out)."""
+    record = {}
+    for tree in BuiltTrees.TREES:
+        top = site.root / tree
+        for path in [top, *sorted(top.rglob("*"))]:
+            info = os.lstat(path)
+            if stat.S_ISLNK(info.st_mode):
+                content = os.readlink(path)
+            elif stat.S_ISREG(info.st_mode):
+                content = path.read_bytes()
+            else:
+                content = None
+            name = BUILD_TIME.sub("<time>", str(path.relative_to(site.root)))
+            record[name] = (stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode), info.st_uid, content)
+            record[name + " mtime"] = info.st_mtime_ns
+    return record
+
+
+def _start_again(site) -> None:
+    for tree in BuiltTrees.TREES:
+        shutil.rmtree(site.root / tree)
+
+
+def test_a_live_tree_copied_into_a_later_site_is_what_eb_built_there(eb_site_factory, tmp_path):
+    """The staged tests' sites get the live tree plain ``eb`` built in an earlier test's site
+    at the same place, copied (``BuiltTrees``): every entry, its type, mode, owner, time and
+    bytes as that build left them; it differs from a new build there only in EasyBuild's
+    records of the run."""
+    built = BuiltTrees(tmp_path)
+    site = eb_site_factory("user")
+    site.built = built
+    packages = site.write_packages("gen1")
+    site.install(packages, tinypkgs.APP)  # built, and kept
+    kept = _record(site)
+    _start_again(site)
+    site.built = None
+    site.install(packages, tinypkgs.APP)  # built again
+    again = _record(site)
+    _start_again(site)
+    site.built = built
+    site.install(packages, tinypkgs.APP)  # copied
+    copied = _record(site)
+
+    assert copied == kept
+    assert sorted(again) == sorted(copied)
+    differ = {name for name in copied if not name.endswith(" mtime") and again[name] != copied[name]}
+    assert differ, "two builds of the same packages are expected to differ in their logs"
+    assert [name for name in differ if not RUN_RECORDS.search(name)] == []
+    shown = site.module_shell(f"module load {tinypkgs.APP}/{tinypkgs.VERSION} && tinyapp")
+    assert (shown.returncode, shown.stdout.strip()) == (0, tinypkgs.GREETING), shown.stderr
+
+
+def test_a_site_elsewhere_or_with_other_packages_gets_a_build_of_its_own(eb_site_factory, tmp_path):
+    built = BuiltTrees(tmp_path)
+    first = eb_site_factory("root")
+    first.built = built
+    first.install(first.write_packages("gen1"), tinypkgs.LIB)
+    elsewhere = eb_site_factory("root")  # the first is still there: another directory
+    elsewhere.built = built
+    elsewhere.install(elsewhere.write_packages("gen1"), tinypkgs.LIB)
+    _start_again(first)
+    first.install(first.write_packages("other", greeting="another greeting"), tinypkgs.LIB)
+
+    assert elsewhere.root != first.root
+    assert len(built.kept) == 3
+    for site, greeting in ((elsewhere, tinypkgs.GREETING), (first, "another greeting")):
+        shown = site.module_shell(
+            f'module load {tinypkgs.LIB} && cat "$EBROOTTINYLIB/share/tinylib/greeting.txt"'
+        )
+        assert shown.stdout.strip() == greeting, shown.stderr
