@@ -4,7 +4,7 @@
 
 ``--once`` runs every case once at its smallest size (``benchlib``): the tables are printed
 as usual, their figures mean nothing. ``make test`` runs each benchmark so
-(``tests/integration/test_benchmarks.py``), so that a change that breaks one fails there.
+(``tests/integration/tooling/test_benchmarks.py``), so that a change that breaks one fails there.
 
 Timing cases (``Case``, and ``Comparison`` with a row per subject) make the first table.
 The ratio is subject median / baseline median from the same run: below 1 the subject is
