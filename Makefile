@@ -33,7 +33,7 @@ bench:
 # The racing tests with many more attempts than `make test` gives them (1,000 each).
 stress:
 	@tools/bootstrap.sh test
-	@HPCSTACK_RACE_ATTEMPTS=1000 $(PYTHON) -m pytest -q -rP -p no:cacheprovider -p xdist -n auto tests/integration/test_staged_races.py tests/integration/test_arch_guard_role_attacks.py
+	@HPCSTACK_RACE_ATTEMPTS=1000 $(PYTHON) -m pytest -q -rP -p no:cacheprovider -p xdist -n auto tests/integration/staged/test_staged_races.py tests/integration/ansible/test_arch_guard_role_attacks.py
 
 # Re-resolve requirements/dev.txt from the direct pins in requirements/dev.in.
 lock:

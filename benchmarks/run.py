@@ -4,7 +4,7 @@
 
 ``--once`` runs every case once at its smallest size (``benchlib``): the tables are printed
 as usual, their figures mean nothing. ``make test`` runs each benchmark so
-(``tests/integration/test_benchmarks.py``), so that a change that breaks one fails there.
+(``tests/integration/tooling/test_benchmarks.py``), so that a change that breaks one fails there.
 ``--cluster DIR`` has the fleet cases measure on the namespace cluster already running in
 DIR (``testbed/cluster.py``), at their first size only (that many of its compute nodes),
 instead of starting clusters of their own (the cluster tests lend theirs so); they leave it

@@ -2,10 +2,16 @@
 
 Each lives in its own module under ``harness/``; importing them here makes them visible to
 every integration test.
+
+The tests are handed to the xdist workers folder by folder, the staged tests last: hundreds
+of them, most under a second, so that the run ends on short tests and neither worker waits
+idle for the other's one long test (a molecule scenario, the demo, a role's upgrade).
 """
 
+from pathlib import Path
+
 from tests.integration.harness.cluster import cephfs, cluster, glusterfs, one_disk
-from tests.integration.harness.ebsite import eb_site_factory
+from tests.integration.harness.ebsite import built_trees, eb_site_factory
 from tests.integration.harness.guard import eessi_prefix, guard_site
 from tests.integration.harness.guard_rollout import job_root
 from tests.integration.harness.guard_slurm import slurm_guard
@@ -20,6 +26,7 @@ from tests.support.users import attacker_user, unprivileged_user, user_tmp_path
 
 __all__ = [
     "attacker_user",
+    "built_trees",
     "cephfs",
     "cluster",
     "deep_scratch",
@@ -45,3 +52,20 @@ __all__ = [
     "unprivileged_user",
     "user_tmp_path",
 ]
+
+HERE = Path(__file__).parent
+LAST = "staged"
+
+
+def pytest_collection_modifyitems(items):
+    """The staged folder's tests after every other integration test (a stable sort: the order
+    within a folder stays the collection's, the unit tests stay first)."""
+
+    def rank(item) -> int:
+        try:
+            folder = item.path.relative_to(HERE).parts[0]
+        except ValueError:
+            return 0  # not an integration test
+        return 2 if folder == LAST else 1
+
+    items.sort(key=rank)

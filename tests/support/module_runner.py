@@ -1,7 +1,7 @@
 """Running a module's ``main()`` in the test process and reading back the JSON it printed.
 
 Shared by the module tests of ``tests/unit/plugins/modules/`` (their fixtures are in that
-directory's conftest.py) and ``tests/integration/test_module_staged_rebuild.py``.
+directory's conftest.py) and ``tests/integration/ansible/test_module_staged_rebuild.py``.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from . import backends, easybuild, fsutil
 # Filesystems that several nodes mount at once, by the type /proc/self/mountinfo gives: there,
 # whether the lock excludes other nodes is a measurement, not a property this host can see.
 # Each maps to what the integration tests measured with the lock probe from two nodes
-# (tests/integration/test_cluster_sharedfs.py), or to None where nothing was measured.
+# (tests/integration/cluster/test_cluster_sharedfs.py), or to None where nothing was measured.
 # "flock": whether a flock reaches the other nodes, so that a publisher taking only the flock
 # (0.2.0) is excluded too; the full protocol was coherent wherever "coherent" is set.
 # "renames" (where set): what the filesystem needs so that other nodes see a publish's renames.

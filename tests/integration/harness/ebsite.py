@@ -15,6 +15,7 @@ can find and stop what a killed tool left running (``leftovers``/``stop_leftover
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -54,6 +55,73 @@ def failure_cases(backends):
     ]
 
 
+class BuiltTrees:
+    """The live trees plain ``eb`` built in this process, kept to be copied into later sites.
+
+    A test that needs TinyLib built live by plain ``eb`` pays a real EasyBuild run (a second
+    of CPU per package) only the first time a worker builds those packages, with those
+    options, for that owner. The first site of each owner in a test has the same directory
+    in every test of a worker (``home``; a test runs at a time in a worker), so a later
+    site there gets a copy (``cp -a``: modes, owners, times, symlinks) of the ``apps`` and
+    ``eb-state`` the first build left, which is exactly what it built in that very place.
+    Only an install into a site where EasyBuild wrote nothing yet is copied (see
+    ``EbSite.install``); a test's second install, or a second site's, is built.
+    test_smoke_easybuild.py compares a copy with a real build.
+    """
+
+    TREES = ("apps", "eb-state")
+
+    def __init__(self, store: Path) -> None:
+        self.store = store
+        self.kept: dict[tuple, Path] = {}
+        # Where the first site of each owner is made in every test: a name as mkdtemp makes
+        # them, chosen once per worker.
+        self.homes: dict[str, Path] = {}
+        for owner in OWNERS:
+            home = Path(tempfile.mkdtemp(prefix=f"ebsite-{owner}-"))
+            home.rmdir()
+            self.homes[owner] = home
+
+    def key(self, site: EbSite, packages: tinypkgs.TinyPackages, names, eb_args) -> tuple | None:
+        """What decides the trees ``eb`` builds in ``site``; None where a copy cannot stand in."""
+        if any(os.path.lexists(site.root / tree) for tree in self.TREES):
+            return None  # a second install, or a test's own start: eb builds on what is there
+        digest = hashlib.sha256()
+        for directory in (packages.sources, packages.easyconfigs):
+            if site.root not in directory.parents:
+                return None
+            digest.update(str(directory.relative_to(site.root)).encode() + b"\0")
+            for path in sorted(directory.rglob("*")):
+                if path.is_file():
+                    digest.update(
+                        str(path.relative_to(directory)).encode() + b"\0" + path.read_bytes() + b"\0"
+                    )
+        # A file named in the options (a hook) is read by eb: the key holds its bytes too.
+        files = [Path(arg.split("=", 1)[-1]) for arg in eb_args]
+        for path in files:
+            if path.is_file():
+                digest.update(path.read_bytes())
+        return (str(site.root), site.uid, tuple(names), tuple(eb_args), digest.hexdigest())
+
+    def keep(self, key: tuple, site: EbSite) -> None:
+        kept = self.store / str(len(self.kept))
+        kept.mkdir()
+        for tree in self.TREES:
+            if os.path.lexists(site.root / tree):
+                subprocess.run(["cp", "-a", str(site.root / tree), str(kept / tree)], check=True)
+        self.kept[key] = kept
+
+    def copy_into(self, key: tuple, site: EbSite) -> bool:
+        """Put the kept trees of ``key`` into ``site``; False when there are none."""
+        kept = self.kept.get(key)
+        if kept is None:
+            return False
+        for tree in self.TREES:
+            if os.path.lexists(kept / tree):
+                subprocess.run(["cp", "-a", str(kept / tree), str(site.root / tree)], check=True)
+        return True
+
+
 @dataclass
 class EbSite(LiveLayout):
     """One test's live EasyBuild tree, its state root, and the build user who owns both."""
@@ -63,6 +131,7 @@ class EbSite(LiveLayout):
     lmod: stackenv.Lmod
     eb: Path
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    built: BuiltTrees | None = None
 
     # --- where things are ---------------------------------------------------------------
 
@@ -183,11 +252,17 @@ class EbSite(LiveLayout):
     # --- plain EasyBuild: the live tree before any staged rebuild -----------------------
 
     def install(self, packages: tinypkgs.TinyPackages, *names: str, eb_args=()) -> None:
-        """Build ``names`` (with their dependencies) straight into the live tree with plain ``eb``."""
+        """Build ``names`` (with their dependencies) straight into the live tree with plain ``eb``
+        (or copy what it built for the same packages in an earlier site: ``BuiltTrees``)."""
+        key = self.built.key(self, packages, names, eb_args) if self.built is not None else None
+        if key is not None and self.built.copy_into(key, self):
+            return
         easyconfigs = [str(packages.easyconfig(name)) for name in names]
         argv = [str(self.eb), "--robot", *eb_args, *easyconfigs]
         done = self._run(argv, self.eb_env(packages), EB_RUN_TIMEOUT)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        if key is not None:
+            self.built.keep(key, self)
 
     # --- the tool -----------------------------------------------------------------------
 
@@ -332,8 +407,26 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout=EB_RUN_TIMEOUT) -> None
         time.sleep(0.2)
 
 
+def _site_directory(home: Path, taken: list[Path]) -> Path:
+    """``home`` when this test has no site there and it is free (the last test's was removed),
+    else a new temporary directory: private to root until the site is handed to its owner."""
+    if home not in taken:
+        try:
+            home.mkdir(mode=0o700)
+            return home
+        except FileExistsError:
+            pass
+    return Path(tempfile.mkdtemp(prefix=home.name.rsplit("-", 1)[0] + "-"))
+
+
+@pytest.fixture(scope="session")
+def built_trees(tmp_path_factory):
+    """The live trees plain ``eb`` built in this worker (``BuiltTrees``)."""
+    return BuiltTrees(tmp_path_factory.mktemp("built-trees"))
+
+
 @pytest.fixture
-def eb_site_factory(lmod, unprivileged_user):
+def eb_site_factory(lmod, unprivileged_user, built_trees):
     """``make(owner)``: a fresh ``EbSite`` owned by ``"root"`` or ``"user"`` (the unprivileged user).
 
     The site's directory is a private temporary directory handed to its owner; it holds a link
@@ -349,8 +442,8 @@ def eb_site_factory(lmod, unprivileged_user):
     def make(owner: str) -> EbSite:
         assert owner in OWNERS, owner
         user = unprivileged_user if owner == "user" else None
-        root = Path(tempfile.mkdtemp(prefix=f"ebsite-{owner}-"))
-        site = EbSite(root=root, user=user, lmod=lmod, eb=eb)
+        root = _site_directory(built_trees.homes[owner], [site.root for site in sites])
+        site = EbSite(root=root, user=user, lmod=lmod, eb=eb, built=built_trees)
         for name in ("home", "tmp"):
             (root / name).mkdir()
         checkout.link_package(site.package_root)

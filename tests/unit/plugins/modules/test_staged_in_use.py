@@ -1,6 +1,6 @@
 """hpcstack.ops.staged_in_use: the /proc scan of one host through ``main()``, with a real
 process that holds a file of one tree open. Over SSH on several hosts, with the fleet gc
-playbook: tests/integration/test_cluster_rebuild.py."""
+playbook: tests/integration/cluster/test_cluster_rebuild.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """hpcstack.ops.staged_probe: the path probe, and the lock contention of one host, through
-``main()``. Several hosts at once are in tests/integration/test_probe_playbook.py."""
+``main()``. Several hosts at once are in tests/integration/ansible/test_probe_playbook.py."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ RELOADED = Decision(
     ],
     "eessi-arch-guard: reloaded EESSI for x86_64/amd/zen3 (job environment was x86_64/intel/haswell)",
 )
-# What the cache-hit path must not import (tests/integration/test_arch_guard_step.py).
+# What the cache-hit path must not import (tests/integration/arch_guard/test_arch_guard_step.py).
 SLOW_IMPORTS = (
     "os",
     "stat",

@@ -1,6 +1,6 @@
 """Which processes count as a configless slurmd: a table of what /proc says, and real
 processes of root's. (A user's fake slurmd, run as another uid, is in
-tests/integration/test_arch_guard_role_attacks.py.)"""
+tests/integration/ansible/test_arch_guard_role_attacks.py.)"""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 inside with them. Here the "hosts" are processes of this machine, which share its kernel,
 so the lock excludes them; a writer that takes no lock at all shows what the probe reports
 when the lock does not exclude (across real mounts that do not pass locks on, see
-tests/integration/test_probe_playbook.py).
+tests/integration/ansible/test_probe_playbook.py).
 """
 
 from __future__ import annotations

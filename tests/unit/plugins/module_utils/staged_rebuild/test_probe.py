@@ -136,7 +136,7 @@ def test_every_unmeasured_shared_filesystem_gets_the_cross_node_lock_recommendat
     [("fuse.glusterfs", "GlusterFS 10.3"), ("fuse.ceph-fuse", "CephFS 16.2.15 (ceph-fuse)")],
 )
 def test_a_measured_shared_filesystem_gets_what_was_measured(filesystem, measured):
-    # What tests/integration/test_cluster_sharedfs.py measured from two nodes: both the full
+    # What tests/integration/cluster/test_cluster_sharedfs.py measured from two nodes: both the full
     # protocol and a flock-only contender are excluded across nodes.
     assert probe.recommendations(_report(filesystem=filesystem))[0] == (
         f"cross-node lock: {filesystem} is shared; the lock was measured coherent across nodes on "
@@ -147,7 +147,7 @@ def test_a_measured_shared_filesystem_gets_what_was_measured(filesystem, measure
 
 
 def test_glusterfs_gets_the_volume_setting_other_nodes_need_to_see_a_publish():
-    # What tests/integration/test_cluster_rebuild.py needs of the test cluster's volume: without
+    # What tests/integration/cluster/test_cluster_rebuild.py needs of the test cluster's volume: without
     # it a job on another client that keeps using the live path kept the old tree.
     assert probe.recommendations(_report(filesystem="fuse.glusterfs"))[1:] == [
         "renames: on GlusterFS 10.3 a job on another node that keeps using the live path kept the old "

@@ -1,6 +1,6 @@
 """``runningjobs``: squeue's lines as jobs, and a report of why there are none.
 
-Parsing only: ``tests/integration/test_gc_slurm.py`` asks the session's real Slurm.
+Parsing only: ``tests/integration/gc/test_gc_slurm.py`` asks the session's real Slurm.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The text output's pieces: durations, local times, wrapping that never cuts a path, the
 table, colour only on a terminal, and each subcommand's examples at the end of its --help.
 
-The whole output of every command is compared in tests/integration/test_staged_output.py.
+The whole output of every command is compared in tests/integration/staged/test_staged_output.py.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ pytestmark = CLUSTER
 
 BUILD_NODE = "b1"
 JOB_NODE = "c1"
-READER = Path(__file__).resolve().parents[1] / "support" / "tree_reader.py"
+READER = checkout.REPO / "tests" / "support" / "tree_reader.py"
 WHEELHOUSE = Path(stackenv.find_eb()).parent.parent / "wheelhouse"
 PREFIX = "/opt/hpcstack/eb-staged-rebuild"
 COMMAND = "/usr/local/bin/eb-staged-rebuild"

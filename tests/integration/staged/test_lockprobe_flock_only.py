@@ -27,7 +27,6 @@ import contextlib
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import checkout
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import locking, lockprobe
@@ -44,7 +43,7 @@ HOLD = 0.05
 NODE2_HOLD = 0.03
 
 # One contender of the lock probe, its lock "full", "flock-only" or "none" (the script says why).
-CONTENDER = Path(__file__).resolve().parents[1] / "support" / "lock_contender.py"
+CONTENDER = checkout.REPO / "tests" / "support" / "lock_contender.py"
 
 # Holds one kind of lock on a file until its stdin closes.
 HOLD_LOCK = """

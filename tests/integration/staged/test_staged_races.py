@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import resume
-from tests.integration.test_staged_full_disk import crash_at, error_line, rebuild_argv, run_cli
+from tests.integration.staged.test_staged_full_disk import crash_at, error_line, rebuild_argv, run_cli
 from tests.support.deep import nest, remove_whatever_is_left
 from tests.support.racing import ATTEMPTS, Swapper, assert_completed_or_refused, runs_in
 from tests.support.staged import snapshot

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.arch_guard import cache
-from tests.integration.test_arch_guard_step import (
+from tests.integration.arch_guard.test_arch_guard_step import (
     RELOAD_RUNS,
     Step,
     directives,

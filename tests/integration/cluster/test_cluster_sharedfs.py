@@ -38,7 +38,7 @@ B2_HOLD = 0.03
 TIMEOUT = 120
 
 # One contender of the lock probe, its lock "full", "flock-only" or "none" (the script says why).
-CONTENDER = Path(__file__).resolve().parents[1] / "support" / "lock_contender.py"
+CONTENDER = checkout.REPO / "tests" / "support" / "lock_contender.py"
 
 # Holds the real state-root lock until stdin closes.
 HOLD_LOCK = """

@@ -137,8 +137,25 @@ def _canary(site):
     return canary, lambda text: text.format(canary=canary)
 
 
-@pytest.mark.parametrize("user_args", OPTION_CASES)
-def test_a_removed_option_does_not_change_where_the_build_writes(eb_site_factory, user_args):
+def _option_forms():
+    """Every removed option in one run, each form of writing its value in a run of its own.
+
+    Which option the filter removes, in each form, is the unit tests' (test_easybuild.py, a
+    case per option and form); these show, with real EasyBuild, that what it removes cannot
+    send the build elsewhere: any one that got through would write into the canary.
+    """
+    forms = {"OPTION=VALUE": [], "OPTION VALUE": []}
+    for case in OPTION_CASES:
+        args = case.values[0]
+        forms["OPTION VALUE" if len(args) == 2 else "OPTION=VALUE"].append(args)
+    # A flag has no value: it goes with both.
+    flags = [args for args in forms["OPTION=VALUE"] if "=" not in args[0]]
+    forms["OPTION VALUE"] += flags
+    return [pytest.param([arg for args in cases for arg in args], id=form) for form, cases in forms.items()]
+
+
+@pytest.mark.parametrize("user_args", _option_forms())
+def test_the_removed_options_do_not_change_where_the_build_writes(eb_site_factory, user_args):
     site, new = _lib_site(eb_site_factory, "user")
     canary, at_canary = _canary(site)
     eb_args = [at_canary(arg) for arg in user_args]
@@ -152,14 +169,22 @@ def test_a_removed_option_does_not_change_where_the_build_writes(eb_site_factory
     assert sorted(os.listdir(canary)) == []
 
 
-@pytest.mark.parametrize("variable", sorted(ENVIRONMENT))
-def test_an_easybuild_variable_of_a_removed_option_does_not_change_where_the_build_writes(
-    eb_site_factory, variable
+# The variables of the removed options: the tool's own defaults (which it sets) one at a time,
+# the others together (which of them the filter removes is the unit tests').
+VARIABLE_CASES = [
+    *(pytest.param([name], id=name) for name in TOOL_DEFAULTS),
+    pytest.param(sorted(set(ENVIRONMENT) - set(TOOL_DEFAULTS)), id="the-others"),
+]
+
+
+@pytest.mark.parametrize("variables", VARIABLE_CASES)
+def test_the_easybuild_variables_of_removed_options_do_not_change_where_the_build_writes(
+    eb_site_factory, variables
 ):
     site, new = _lib_site(eb_site_factory, "user")
     canary, at_canary = _canary(site)
     env = dict(EB_STATE_AT_DEFAULTS)
-    env[variable] = at_canary(ENVIRONMENT[variable])
+    env.update({variable: at_canary(ENVIRONMENT[variable]) for variable in variables})
     args = site.rebuild_args((LIB,), new, backend="userns")
 
     done = site.run_tool(*args, packages=new, env=env)
