@@ -63,7 +63,7 @@ def _assert_loads(site, tool, module, command, expected, *, modulepath=()) -> No
         assert (loaded.returncode, loaded.stdout.strip()) == (0, expected), (name, loaded.stderr[-2000:])
 
 
-def _published_and_rolled_back(
+def _assert_published_and_rolled_back(
     site, material, tool, backend, checks, *, env=None, modulepath=(), own_sources=True
 ):
     """Rebuild the modules of ``checks`` (in that order) with ``backend``, then roll back.
@@ -148,7 +148,7 @@ def tcl_site(tcl_tree) -> EbSite:
 def test_a_tcl_module_rebuilt_under_a_lua_default_is_published_as_tcl_that_both_module_tools_load(
     tcl_site, toy_material, environment_modules, backend
 ):
-    result = _published_and_rolled_back(
+    result = _assert_published_and_rolled_back(
         tcl_site, toy_material, environment_modules, backend, {TOY: ("toy", TOY_SAYS)}
     )
 
@@ -164,7 +164,7 @@ def test_a_toy_with_extensions_is_published_with_them_and_rolled_back(
     live = tcl_site.live(TOY_EXT)
     says = f"{TOY_EXT_SAYS}\n{live}/bin/bar\n{live}/bin/barbar"  # two of its extensions' programs
 
-    _published_and_rolled_back(
+    _assert_published_and_rolled_back(
         tcl_site,
         toy_material,
         environment_modules,
@@ -190,7 +190,7 @@ def test_libtoy_and_toy_app_in_either_order_are_rebuilt_published_and_rolled_bac
         LIBTOY: ('echo "$EBROOTLIBTOY"', str(tcl_site.live(LIBTOY))),
     }
 
-    _published_and_rolled_back(
+    _assert_published_and_rolled_back(
         tcl_site, toy_material, environment_modules, backend, {module: checks[module] for module in order}
     )
 
@@ -215,7 +215,7 @@ def lua_site(lua_tree) -> EbSite:
 def test_a_lua_module_rebuilt_under_a_tcl_default_is_published_as_lua(
     lua_site, toy_material, environment_modules, backend
 ):
-    _published_and_rolled_back(
+    _assert_published_and_rolled_back(
         lua_site,
         toy_material,
         environment_modules,
@@ -453,7 +453,7 @@ def test_a_site_configured_by_its_prefix_rebuilds_with_the_sources_under_that_pr
     shutil.rmtree(repository)  # plain eb's copy: the rebuild must write its own there
 
     # The sources are found under the prefix: EasyBuild is given no other sources path.
-    _published_and_rolled_back(
+    _assert_published_and_rolled_back(
         site,
         toy_material,
         environment_modules,
@@ -505,7 +505,7 @@ def test_a_site_configured_by_a_configuration_file_rebuilds_with_its_sources_but
     env = _configured_by_file(lua_site, toy_material, where)
 
     # Published: the sources were found where the file says (EasyBuild was given no other path).
-    _published_and_rolled_back(
+    _assert_published_and_rolled_back(
         lua_site,
         toy_material,
         environment_modules,
