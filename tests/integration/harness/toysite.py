@@ -90,18 +90,8 @@ def environment_modules() -> EnvironmentModules:
 
 def install(site, material: ToyMaterial, *modules: str, eb_args=()) -> None:
     """Build ``modules`` (``name/version``) straight into ``site``'s live tree with plain ``eb``."""
-    easyconfigs = [str(material.easyconfig(*module.split("/"))) for module in modules]
-    done = subprocess.run(
-        site.as_owner([str(site.eb), *eb_args, *easyconfigs]),
-        cwd=site.root,
-        env=site.eb_env(material, **material.env()),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=EB_TIMEOUT,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    easyconfigs = [material.easyconfig(*module.split("/")) for module in modules]
+    install_easyconfigs(site, material, easyconfigs, eb_args)
 
 
 def counting_eb(site) -> tuple[Path, Path]:
