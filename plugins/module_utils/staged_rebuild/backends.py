@@ -126,7 +126,7 @@ class Build:
         self.backend = backend
         self.trees = trees
         self.generation = generation
-        self.modules = modules  # [(name, version)]
+        self.modules = modules  # [(Name, version of the install directory, module name)]
         self.syntax = syntax  # the module syntax of the live module files (``syntax``)
         self.order = list(order)  # the modules as "Name/version", dependencies first
 
@@ -201,8 +201,8 @@ class Build:
     def _views(self):
         """``(view_dir, live_name_dir, staged versions)`` for each ``Name`` the run builds."""
         views = []
-        for name in sorted({name for name, _version in self.modules}):
-            versions = [version for module_name, version in self.modules if module_name == name]
+        for name in sorted({name for name, _version, _module in self.modules}):
+            versions = [version for install_name, version, _module in self.modules if install_name == name]
             views.append(
                 (os.path.join(self.stage_software, name), os.path.join(self.trees.software, name), versions)
             )
@@ -243,4 +243,4 @@ class Build:
     def check(self):
         """After a successful build: refuse a bubblewrap run that wrote elsewhere."""
         if self.backend == "bwrap":
-            bwrapinfo.check(self.generation, [f"{name}/{version}" for name, version in self.modules])
+            bwrapinfo.check(self.generation, [module for _name, _version, module in self.modules])

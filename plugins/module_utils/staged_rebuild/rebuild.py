@@ -52,7 +52,7 @@ Progress = Callable[[str], None]
 
 def _build(backend: str, request: RebuildRequest, run_id: str) -> backends.Build:
     entries = request.module_paths(run_id)
-    names = [(entry.name, entry.version) for entry in entries]
+    names = [(entry.name, entry.version, entry.module) for entry in entries]
     return backends.Build(
         backend,
         request.trees,
@@ -206,9 +206,9 @@ def end_failed(journal: Journal, generation: str, err: BaseException) -> None:
 def _relocate(build: backends.Build, journal: Journal, allow_unrelocated: bool) -> List[str]:
     """Rewrite the generation paths in the staged trees; refuse binaries that still name them."""
     roots = []
-    for name, version in build.modules:
+    for name, version, module in build.modules:
         roots.append(os.path.join(build.stage_software, name, version))
-        roots.append(os.path.join(build.stage_modules, "all", name))
+        roots.append(os.path.join(build.stage_modules, "all", os.path.dirname(module)))
     rewrites = relocate.mapping(build.generation, build.trees.software, build.trees.modules)
     rewritten, binaries = relocate.relocate(roots, rewrites)
     journal.run.relocated_files = len(rewritten)
