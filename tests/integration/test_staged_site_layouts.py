@@ -152,7 +152,8 @@ def test_a_hierarchical_module_name_absent_from_a_flat_tree_is_refused_before_ea
 
     assert done.returncode == 2
     assert done.stderr == (
-        f"eb-staged-rebuild: --module Core/toy/0.0 matches no live module file under {mixed_site.modules_all}\n"
+        "eb-staged-rebuild: --module Core/toy/0.0 matches no live module file under "
+        f"{mixed_site.modules_all}\n"
     )
     assert not started.exists()
     assert mixed_site.snapshot() == before
@@ -164,9 +165,9 @@ def test_a_flat_module_under_a_hierarchical_scheme_is_refused_before_easybuild_r
     )
 
     assert line == (
-        "eb-staged-rebuild: toy/0.0 is not a hierarchical name (Core/..., Compiler/..., MPI/...), but EasyBuild "
-        "would build it under EASYBUILD_MODULE_NAMING_SCHEME=HierarchicalMNS, and write its module file "
-        "elsewhere: name the module as HierarchicalMNS does"
+        "eb-staged-rebuild: toy/0.0 is not a hierarchical name (Core/..., Compiler/..., MPI/...), but "
+        "EasyBuild would build it under EASYBUILD_MODULE_NAMING_SCHEME=HierarchicalMNS, and write its "
+        "module file elsewhere: name the module as HierarchicalMNS does"
     )
 
 
