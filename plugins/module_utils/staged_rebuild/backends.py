@@ -213,12 +213,26 @@ class Build:
 
     def environment(self, base, eb):
         env = easybuild.with_own_python(easybuild.filter_env(base), eb)
+        if self.backend != "bwrap":
+            env["MODULEPATH"] = self._module_path(env.get("MODULEPATH", ""))
         if self.backend == "bwrap":
             # EasyBuild re-runs itself under bwrap as "python -m easybuild.main": the python next
             # to the eb it was started as, as far as PATH can say so.
             env["PATH"] = os.path.dirname(eb) + os.pathsep + env.get("PATH", os.defpath)
             env[_SOFTWARE_VARIABLE] = self.first_pass_software
         return env
+
+    def _module_path(self, given):
+        """``MODULEPATH`` with the live ``<modules>/all`` first, where plain ``eb`` puts it.
+
+        EasyBuild prepends its module install path's ``all`` to ``MODULEPATH`` and resolves the
+        toolchain and dependency modules there (a hierarchical scheme by their full names,
+        ``Core/GCC/6.4.0-2.28``). Here that path is the stage's, which holds only what the run
+        builds: the live tree's modules come from this entry. bwrap's build has the live module
+        path as its own (its module files go to the generation by EasyBuild's bwrap mode).
+        """
+        live = self.trees.modules_all
+        return os.pathsep.join([live, *(path for path in given.split(os.pathsep) if path and path != live)])
 
     def prepare(self):
         """Make what the backend needs before EasyBuild runs; return the child's sandbox setup."""
