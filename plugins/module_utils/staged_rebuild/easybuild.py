@@ -16,6 +16,7 @@ module and data paths) and the bubblewrap install path, every backend gives expl
 from __future__ import annotations
 
 import os
+import re
 
 # Options whose value is a path or a redirection (they take a value).
 _REDIRECTING_PREFIXES = ("--installpath", "--subdir-", "--bwrap")
@@ -124,6 +125,24 @@ def naming_scheme(args, env):
     if env.get(_NAMING_VARIABLE):
         return env[_NAMING_VARIABLE], _NAMING_VARIABLE
     return None, None
+
+
+# A line of ``eb --show-config``: "module-naming-scheme  (F) = HierarchicalMNS".
+_SHOWN_SCHEME = re.compile(r"^module-naming-scheme\s+\(([A-Z])\)\s*=\s*(\S+)\s*$", re.M)
+_SOURCES = {"F": "a configuration file", "E": "the environment", "C": "the command line", "D": "the default"}
+
+
+def configured_scheme(show_config_text):
+    """The module naming scheme ``eb --show-config`` reports, and how, as EasyBuild says where it
+    came from (``(scheme, "module-naming-scheme=X (from a configuration file)")``), or
+    ``(None, None)`` when it reports none (EasyBuild's default). A configuration file
+    (``EASYBUILD_CONFIGFILES``, ``~/.config/easybuild/config.cfg``) is the one place the run's
+    arguments and environment do not show."""
+    found = _SHOWN_SCHEME.search(show_config_text or "")
+    if found is None:
+        return None, None
+    scheme, source = found.group(2), _SOURCES.get(found.group(1), "EasyBuild's configuration")
+    return scheme, f"module-naming-scheme={scheme} (from {source})"
 
 
 def with_own_python(env, eb):

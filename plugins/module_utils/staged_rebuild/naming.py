@@ -129,11 +129,12 @@ def scheme_of_name(module: str) -> Tuple[str, ...]:
     return ()
 
 
-def check_scheme(scheme: Optional[str], given_as: Optional[str], modules: List[str]) -> None:
+def check_scheme(scheme: Optional[str], said: Optional[str], modules: List[str]) -> None:
     """Refuse a naming scheme this tool does not place, and modules of another scheme's layout
-    than the build's (``scheme`` None: EasyBuild's default, the flat scheme)."""
+    than the build's. ``said`` is how the scheme was given (``--module-naming-scheme=X``);
+    ``scheme`` None is EasyBuild's default, the flat scheme."""
     scheme = scheme or FLAT_SCHEME
-    said = f"{given_as}={scheme}" if given_as else f"the module naming scheme {scheme}"
+    said = said or f"the module naming scheme {scheme}"
     if scheme not in SCHEMES:
         raise errors.UsageError(
             f"{said} is not a naming scheme staged rebuilds handle ({', '.join(SCHEMES)}): "

@@ -26,6 +26,7 @@ from . import (
     easybuild,
     fsutil,
     locking,
+    naming,
     operations,
     paths,
     planner,
@@ -111,6 +112,22 @@ def easybuild_configuration(request: RebuildRequest, backend: str, env: Mapping[
     return {"text": "".join(shown), "error": None}
 
 
+def refuse_configured_scheme(request: RebuildRequest, configuration: Mapping[str, Any]) -> None:
+    """Refuse a naming scheme that only EasyBuild's configuration names (a configuration file,
+    which the request's own check cannot see), as ``naming.check_scheme`` does the others.
+    A configuration EasyBuild could not show refuses nothing: the build then fails saying why."""
+    if configuration.get("text") is not None:
+        scheme, given_as = easybuild.configured_scheme(configuration["text"])
+        naming.check_scheme(scheme, given_as, list(request.modules_requested))
+
+
+def _check_configured_scheme(request: RebuildRequest, backend: str, env: Mapping[str, str]) -> None:
+    """Before the build: the scheme of EasyBuild's configuration files, when neither the run's
+    arguments nor the environment name one (those the request checked); one ``--show-config``."""
+    if easybuild.naming_scheme(request.eb_args, env)[0] is None:
+        refuse_configured_scheme(request, easybuild_configuration(request, backend, env))
+
+
 def dry_run(request: RebuildRequest, env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
     """What a rebuild would do; writes nothing and takes no lock. It runs the sandbox probes
     and, with ``env`` (EasyBuild's environment), ``eb --show-config`` of the staged command."""
@@ -123,6 +140,7 @@ def dry_run(request: RebuildRequest, env: Optional[Mapping[str, str]] = None) ->
     )
     if env is not None:
         result["easybuild_configuration"] = easybuild_configuration(request, backend, env)
+        refuse_configured_scheme(request, result["easybuild_configuration"])
     return result
 
 
@@ -146,6 +164,7 @@ def rebuild(
     # Last of the checks: the probes run programs, and a request refused for a plain reason
     # (in request.resolve) did not wait for them.
     backend = backends.select(request.backend)
+    _check_configured_scheme(request, backend, env)
     run_id = request.run_id or ""
     state_root = paths.prepare_state_root(state_root)
     # Read first: a journal that does not load refuses before the lock file is written. Whether

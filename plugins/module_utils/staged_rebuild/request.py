@@ -201,9 +201,12 @@ def resolve(values: Mapping[str, Any], environ: Mapping[str, str], eb_args: List
 
 def _check_naming_scheme(request: RebuildRequest, environ: Mapping[str, str]) -> None:
     """Refuse, before anything is built, a module naming scheme the module paths cannot follow,
-    and modules whose names are not of the scheme the build uses (``naming.check_scheme``)."""
+    and modules whose names are not of the scheme the build uses (``naming.check_scheme``).
+    A scheme neither the arguments nor the environment name may come from a configuration
+    file: the rebuild asks EasyBuild then (``rebuild.refuse_configured_scheme``)."""
     scheme, given_as = easybuild.naming_scheme(request.eb_args, environ)
-    naming.check_scheme(scheme, given_as, [entry.module for entry in request.module_paths("check")])
+    if scheme is not None:
+        naming.check_scheme(scheme, f"{given_as}={scheme}", list(request.modules_requested))
 
 
 def _check_modules(request: RebuildRequest, run_id: str) -> None:

@@ -458,12 +458,9 @@ def test_a_hierarchical_module_whose_root_is_not_an_install_of_the_software_tree
     )
 
 
-def test_a_hierarchical_name_built_under_the_flat_default_is_refused_saying_which_scheme(hmns_site):
-    assert _refusal(hmns_site, modules=[CORE_TOY]) == (
-        "Core/toy/0.0 is not a flat name, but EasyBuild would build it under the module naming scheme "
-        "EasyBuildMNS, and write its module file elsewhere: give --module-naming-scheme=HierarchicalMNS "
-        "to EasyBuild"
-    )
+def test_a_hierarchical_name_without_a_scheme_given_is_left_to_easybuild_s_configuration(hmns_site):
+    # A configuration file may set the scheme: the rebuild asks EasyBuild (--show-config).
+    assert _resolve(hmns_site, eb_args=["toy-0.0.eb"], modules=[CORE_TOY]).modules_requested == [CORE_TOY]
 
 
 @pytest.mark.parametrize(
