@@ -173,7 +173,8 @@ def in_dependency_order(args, order):
     module's when its file name is ``<Name>-<version>.eb``, as EasyBuild names them; every
     other argument stays where it was.
     """
-    rank = {module.replace("/", "-", 1) + ".eb": index for index, module in enumerate(order)}
+    # Name-version.eb of Name/version, the last two parts of a hierarchical name too.
+    rank = {"-".join(module.split("/")[-2:]) + ".eb": index for index, module in enumerate(order)}
     places = [index for index, arg in enumerate(args) if os.path.basename(arg) in rank]
     ordered = sorted((args[index] for index in places), key=lambda arg: rank[os.path.basename(arg)])
     result = list(args)

@@ -14,6 +14,7 @@ import pytest
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import (
     easybuild,
+    modulefile,
     naming,
     paths,
     rebuild,
@@ -263,3 +264,18 @@ def test_a_hierarchical_name_under_easybuild_s_default_scheme_is_refused():
 
 def test_a_configuration_easybuild_could_not_show_refuses_nothing():
     rebuild.refuse_configured_scheme(_request([CORE]), {"text": None, "error": "eb --show-config failed"})
+
+
+# several hierarchical modules in one run: dependencies first
+
+
+def test_hierarchical_modules_are_ordered_by_the_short_names_their_files_load():
+    texts = {
+        "Core/toy-app/0.0": 'local root = "/x"\ndepends_on("libtoy/0.0")\n',
+        "Core/libtoy/0.0": 'local root = "/y"\n',
+    }
+
+    assert modulefile.publish_order(texts) == ["Core/libtoy/0.0", "Core/toy-app/0.0"]
+    assert easybuild.in_dependency_order(
+        ["--robot", "toy-app-0.0.eb", "libtoy-0.0.eb"], ["Core/libtoy/0.0", "Core/toy-app/0.0"]
+    ) == ["--robot", "libtoy-0.0.eb", "toy-app-0.0.eb"]
