@@ -228,9 +228,9 @@ def _refused(site, material, module, eb_args=(), *, env=None, spelled=None):
     lines = done.stderr.splitlines()
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("eb-staged-rebuild: ")
-    # EasyBuild built nothing: it ran at most to show its configuration.
+    # EasyBuild built nothing: it ran at most to show its configuration or its dry run.
     calls = started.read_text().splitlines() if started.exists() else []
-    assert all(call.endswith("--show-config") for call in calls), calls
+    assert all(call.endswith(("--show-config", "--dry-run-short")) for call in calls), calls
     assert site.snapshot() == before
     assert not site.journals()
     return lines[0], len(calls)
@@ -277,5 +277,18 @@ def test_a_scheme_set_in_a_configuration_file_that_the_tool_cannot_place_is_refu
         "eb-staged-rebuild: module-naming-scheme=CategorizedHMNS (from a configuration file) is not a naming "
         "scheme staged rebuilds handle (EasyBuildMNS, HierarchicalMNS, MigrateFromEBToHMNS): rebuild these "
         "modules with plain eb, or under one of those schemes"
+    )
+    assert calls == 1
+
+
+def test_a_compiler_level_module_given_an_easyconfig_that_builds_the_core_one_is_refused(site, toy_material):
+    # Without --try-toolchain toy-0.0.eb is toy at the Core level: EasyBuild would write
+    # Core/toy/0.0 into software/toy/0.0, not the live Compiler-level module.
+    line, calls = _refused(site, toy_material, COMPILER, [HMNS])
+
+    assert line == (
+        f"eb-staged-rebuild: EasyBuild would build {CORE} (its dry run), not the live {COMPILER} that "
+        "--module names: give the easyconfigs and toolchain options that build the live module; "
+        "nothing was built"
     )
     assert calls == 1

@@ -214,7 +214,7 @@ class Build:
     def environment(self, base, eb):
         env = easybuild.with_own_python(easybuild.filter_env(base), eb)
         if self.backend != "bwrap":
-            env["MODULEPATH"] = self._module_path(env.get("MODULEPATH", ""))
+            env["MODULEPATH"] = self.module_path(env.get("MODULEPATH", ""))
         if self.backend == "bwrap":
             # EasyBuild re-runs itself under bwrap as "python -m easybuild.main": the python next
             # to the eb it was started as, as far as PATH can say so.
@@ -222,7 +222,7 @@ class Build:
             env[_SOFTWARE_VARIABLE] = self.first_pass_software
         return env
 
-    def _module_path(self, given):
+    def module_path(self, given):
         """``MODULEPATH`` with the live ``<modules>/all`` first, where plain ``eb`` puts it.
 
         EasyBuild prepends its module install path's ``all`` to ``MODULEPATH`` and resolves the

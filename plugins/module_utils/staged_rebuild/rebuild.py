@@ -33,8 +33,10 @@ from . import (
     probe,
     publish,
     relocate,
+    wouldbuild,
 )
 from . import journal as journals
+from . import syntax as module_syntax
 from .faults import Faults
 from .journal import Journal, ModuleEntry, RunKind, RunState, StepKind
 from .request import RebuildRequest
@@ -128,6 +130,15 @@ def _check_configured_scheme(request: RebuildRequest, backend: str, env: Mapping
         refuse_configured_scheme(request, easybuild_configuration(request, backend, env))
 
 
+def _check_would_build(request: RebuildRequest, backend: str, env: Mapping[str, str], run_id: str) -> None:
+    """A hierarchical run: EasyBuild's dry run must place the live modules (``wouldbuild``)."""
+    build = _build(backend, request, run_id)
+    child_env = build.environment(dict(env), request.eb)
+    child_env["MODULEPATH"] = build.module_path(child_env.get("MODULEPATH", ""))
+    argv = wouldbuild.command(request.eb, request.eb_args, module_syntax.placement(build.syntax), build.order)
+    wouldbuild.check(request.eb, argv, child_env, request.module_paths(run_id))
+
+
 def dry_run(request: RebuildRequest, env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
     """What a rebuild would do; writes nothing and takes no lock. It runs the sandbox probes
     and, with ``env`` (EasyBuild's environment), ``eb --show-config`` of the staged command."""
@@ -166,6 +177,7 @@ def rebuild(
     backend = backends.select(request.backend)
     _check_configured_scheme(request, backend, env)
     run_id = request.run_id or ""
+    _check_would_build(request, backend, env, run_id)
     state_root = paths.prepare_state_root(state_root)
     # Read first: a journal that does not load refuses before the lock file is written. Whether
     # a run is interrupted is asked only under the lock: another run may be in progress.

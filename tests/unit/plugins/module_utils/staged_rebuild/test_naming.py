@@ -18,6 +18,7 @@ from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import
     naming,
     paths,
     rebuild,
+    wouldbuild,
 )
 
 CORE = "Core/toy/0.0"
@@ -279,3 +280,83 @@ def test_hierarchical_modules_are_ordered_by_the_short_names_their_files_load():
     assert easybuild.in_dependency_order(
         ["--robot", "toy-app-0.0.eb", "libtoy-0.0.eb"], ["Core/libtoy/0.0", "Core/toy-app/0.0"]
     ) == ["--robot", "libtoy-0.0.eb", "toy-app-0.0.eb"]
+
+
+# wouldbuild: EasyBuild's dry run, asked where a hierarchical build would write
+
+# As EasyBuild prints it: wrapped at 80 columns, the space before each break kept.
+DRY_RUN = (
+    "Dry run: printing build status of easyconfigs\n"
+    "CFGS=/tmp/eb-x/tweaked_easyconfigs\n"
+    " * [x] $CFGS/GCC-6.4.0-2.28.eb (module: Core | GCC/6.4.0-2.28)\n"
+    " * [R] $CFGS/toy-0.0-GCC-6.4.0-2.28.eb (module: Compiler/GCC/6.4.0-2.28 | \n"
+    "toy/0.0)\n"
+    "== Temporary log file(s) \n"
+)
+
+
+def test_the_dry_run_s_modules_are_read_across_wrapped_lines_without_the_installed_ones():
+    assert wouldbuild.planned_modules(DRY_RUN) == {"toy-0.0-GCC-6.4.0-2.28.eb": COMPILER}
+
+
+def _fake_eb(tmp_path, hierarchical, flat):
+    """An eb that prints a dry run: ``hierarchical`` names, or ``flat`` ones under EasyBuildMNS."""
+    calls = tmp_path / "calls"
+    eb = tmp_path / "eb"
+    lines = {
+        key: "".join(f" * [R] $CFGS/{ec} (module: {module})\\n" for ec, module in value.items())
+        for key, value in (("h", hierarchical), ("f", flat))
+    }
+    eb.write_text(
+        f'#!/bin/sh\necho "$*" >> {calls}\ncase "$*" in\n'
+        f"*--module-naming-scheme=EasyBuildMNS*) printf '{lines['f']}' ;;\n"
+        f"*) printf '{lines['h']}' ;;\nesac\n"
+    )
+    eb.chmod(0o755)
+    return str(eb), calls
+
+
+def _entry(trees, module, subdir):
+    return paths.ModulePaths(trees, module, subdir, "run1")
+
+
+def test_a_hierarchical_run_that_easybuild_would_place_as_the_live_module_passes(trees, tmp_path):
+    installs = {"toy-0.0.eb": "toy/0.0-GCC-6.4.0-2.28"}
+    eb, calls = _fake_eb(tmp_path, {"toy-0.0.eb": COMPILER}, installs)
+
+    wouldbuild.check(eb, [eb, "toy-0.0.eb"], {}, [_entry(trees, COMPILER, "toy/0.0-GCC-6.4.0-2.28")])
+
+    assert len(calls.read_text().splitlines()) == 2
+
+
+def test_a_hierarchical_run_that_would_build_another_module_is_refused(trees, tmp_path):
+    eb, _calls = _fake_eb(tmp_path, {"toy-0.0.eb": "Core/toy/0.0"}, {"toy-0.0.eb": "toy/0.0"})
+
+    with pytest.raises(errors.UsageError) as raised:
+        wouldbuild.check(eb, [eb, "toy-0.0.eb"], {}, [_entry(trees, COMPILER, "toy/0.0-GCC-6.4.0-2.28")])
+
+    assert str(raised.value) == (
+        f"EasyBuild would build Core/toy/0.0 (its dry run), not the live {COMPILER} that --modules "
+        "names: give the easyconfigs and toolchain options that build the live module; nothing was built"
+    )
+
+
+def test_a_hierarchical_run_that_would_install_elsewhere_is_refused(trees, tmp_path):
+    eb, _calls = _fake_eb(tmp_path, {"toy-0.0.eb": CORE}, {"toy-0.0.eb": "toy/0.0"})
+    entry = _entry(trees, CORE, "toy/0.0-site")
+
+    with pytest.raises(errors.UsageError) as raised:
+        wouldbuild.check(eb, [eb, "toy-0.0.eb"], {}, [entry])
+
+    assert str(raised.value) == (
+        f"EasyBuild would install {CORE} in {trees.software}/toy/0.0, but the live module's install is "
+        f"{entry.stable_path}; nothing was built"
+    )
+
+
+def test_a_flat_run_asks_easybuild_nothing(trees, tmp_path):
+    eb, calls = _fake_eb(tmp_path, {}, {})
+
+    wouldbuild.check(eb, [eb, "toy-0.0.eb"], {}, [_entry(trees, "toy/0.0", "toy/0.0")])
+
+    assert not calls.exists()
