@@ -38,7 +38,7 @@ import tempfile
 from ..common import errors, proc
 from ..common.deadline import Deadline, DeadlineExceeded
 from ..common.errors import setting
-from . import bwrapinfo, easybuild, sandbox
+from . import bwrapinfo, easybuild, naming, sandbox
 from . import syntax as module_syntax
 
 # Where a run names none, the site's choice in EB_STAGED_REBUILD_BACKEND (``settings``: the
@@ -225,14 +225,23 @@ class Build:
     def module_path(self, given):
         """``MODULEPATH`` with the live ``<modules>/all`` first, where plain ``eb`` puts it.
 
-        EasyBuild prepends its module install path's ``all`` to ``MODULEPATH`` and resolves the
+        EasyBuild prepends its module install path's ``all`` (and a hierarchy's ``all/Core``) to
+        ``MODULEPATH`` and resolves the
         toolchain and dependency modules there (a hierarchical scheme by their full names,
         ``Core/GCC/6.4.0-2.28``). Here that path is the stage's, which holds only what the run
         builds: the live tree's modules come from this entry. bwrap's build has the live module
         path as its own (its module files go to the generation by EasyBuild's bwrap mode).
         """
-        live = self.trees.modules_all
-        return os.pathsep.join([live, *(path for path in given.split(os.pathsep) if path and path != live)])
+        live = [self.trees.modules_all]
+        if any(
+            naming.scheme_of_name(module) == naming.HIERARCHICAL_SCHEMES for _n, _v, module in self.modules
+        ):
+            # And the hierarchy's entry level, which EasyBuild adds under its module install
+            # path as well: the toolchain is loaded by its short name (GCC/6.4.0-2.28).
+            live.append(os.path.join(self.trees.modules_all, naming.CORE_LEVEL))
+        return os.pathsep.join(
+            [*live, *(path for path in given.split(os.pathsep) if path and path not in live)]
+        )
 
     def prepare(self):
         """Make what the backend needs before EasyBuild runs; return the child's sandbox setup."""

@@ -33,6 +33,7 @@ HIERARCHICAL_SCHEMES = ("HierarchicalMNS", "MigrateFromEBToHMNS")
 SCHEMES = (FLAT_SCHEME, *HIERARCHICAL_SCHEMES)
 # The levels of EasyBuild's hierarchy and how many components a module name has at each.
 HIERARCHY_LEVELS = {"Core": 3, "Compiler": 5, "MPI": 7}
+CORE_LEVEL = "Core"  # the level a hierarchy's MODULEPATH starts with
 _LUA = ".lua"
 # A live module tree deeper than this is not one EasyBuild wrote; the search stops there.
 _MAX_DEPTH = 12
