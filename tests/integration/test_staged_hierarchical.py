@@ -83,6 +83,7 @@ def site(hmns_site):
     shutil.rmtree(hmns_site.installpath)
     subprocess.run(["cp", "-a", str(hmns_site.root / "pristine"), str(hmns_site.installpath)], check=True)
     shutil.rmtree(hmns_site.state_root, ignore_errors=True)
+    (hmns_site.root / "eb-started").unlink(missing_ok=True)  # toysite.counting_eb's record
     return hmns_site
 
 

@@ -213,8 +213,7 @@ class Build:
 
     def environment(self, base, eb):
         env = easybuild.with_own_python(easybuild.filter_env(base), eb)
-        if self.backend != "bwrap":
-            env["MODULEPATH"] = self.module_path(env.get("MODULEPATH", ""))
+        env["MODULEPATH"] = self.module_path(env.get("MODULEPATH", ""))
         if self.backend == "bwrap":
             # EasyBuild re-runs itself under bwrap as "python -m easybuild.main": the python next
             # to the eb it was started as, as far as PATH can say so.
@@ -225,12 +224,12 @@ class Build:
     def module_path(self, given):
         """``MODULEPATH`` with the live ``<modules>/all`` first, where plain ``eb`` puts it.
 
-        EasyBuild prepends its module install path's ``all`` (and a hierarchy's ``all/Core``) to
-        ``MODULEPATH`` and resolves the
+        EasyBuild prepends its module install path's ``all`` to ``MODULEPATH`` and resolves the
         toolchain and dependency modules there (a hierarchical scheme by their full names,
-        ``Core/GCC/6.4.0-2.28``). Here that path is the stage's, which holds only what the run
-        builds: the live tree's modules come from this entry. bwrap's build has the live module
-        path as its own (its module files go to the generation by EasyBuild's bwrap mode).
+        ``Core/GCC/6.4.0-2.28``, and by their short names from the hierarchy's ``all/Core``,
+        which it adds too, but not in the second pass of its bwrap mode). Under userns and
+        installpath that install path is the stage's, which holds only what the run builds:
+        the live tree's modules come from these entries, in every backend alike.
         """
         live = [self.trees.modules_all]
         if any(
