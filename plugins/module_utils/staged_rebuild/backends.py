@@ -38,7 +38,7 @@ import tempfile
 from ..common import errors, proc
 from ..common.deadline import Deadline, DeadlineExceeded
 from ..common.errors import setting
-from . import bwrapinfo, easybuild, sandbox
+from . import bwrapinfo, easybuild, naming, sandbox
 from . import syntax as module_syntax
 
 # Where a run names none, the site's choice in EB_STAGED_REBUILD_BACKEND (``settings``: the
@@ -126,7 +126,7 @@ class Build:
         self.backend = backend
         self.trees = trees
         self.generation = generation
-        self.modules = modules  # [(name, version)]
+        self.modules = modules  # [(Name, version of the install directory, module name)]
         self.syntax = syntax  # the module syntax of the live module files (``syntax``)
         self.order = list(order)  # the modules as "Name/version", dependencies first
 
@@ -201,8 +201,8 @@ class Build:
     def _views(self):
         """``(view_dir, live_name_dir, staged versions)`` for each ``Name`` the run builds."""
         views = []
-        for name in sorted({name for name, _version in self.modules}):
-            versions = [version for module_name, version in self.modules if module_name == name]
+        for name in sorted({name for name, _version, _module in self.modules}):
+            versions = [version for install_name, version, _module in self.modules if install_name == name]
             views.append(
                 (os.path.join(self.stage_software, name), os.path.join(self.trees.software, name), versions)
             )
@@ -213,12 +213,34 @@ class Build:
 
     def environment(self, base, eb):
         env = easybuild.with_own_python(easybuild.filter_env(base), eb)
+        env["MODULEPATH"] = self.module_path(env.get("MODULEPATH", ""))
         if self.backend == "bwrap":
             # EasyBuild re-runs itself under bwrap as "python -m easybuild.main": the python next
             # to the eb it was started as, as far as PATH can say so.
             env["PATH"] = os.path.dirname(eb) + os.pathsep + env.get("PATH", os.defpath)
             env[_SOFTWARE_VARIABLE] = self.first_pass_software
         return env
+
+    def module_path(self, given):
+        """``MODULEPATH`` with the live ``<modules>/all`` first, where plain ``eb`` puts it.
+
+        EasyBuild prepends its module install path's ``all`` to ``MODULEPATH`` and resolves the
+        toolchain and dependency modules there (a hierarchical scheme by their full names,
+        ``Core/GCC/6.4.0-2.28``, and by their short names from the hierarchy's ``all/Core``,
+        which it adds too, but not in the second pass of its bwrap mode). Under userns and
+        installpath that install path is the stage's, which holds only what the run builds:
+        the live tree's modules come from these entries, in every backend alike.
+        """
+        live = [self.trees.modules_all]
+        if any(
+            naming.scheme_of_name(module) == naming.HIERARCHICAL_SCHEMES for _n, _v, module in self.modules
+        ):
+            # And the hierarchy's entry level, which EasyBuild adds under its module install
+            # path as well: the toolchain is loaded by its short name (GCC/6.4.0-2.28).
+            live.append(os.path.join(self.trees.modules_all, naming.CORE_LEVEL))
+        return os.pathsep.join(
+            [*live, *(path for path in given.split(os.pathsep) if path and path not in live)]
+        )
 
     def prepare(self):
         """Make what the backend needs before EasyBuild runs; return the child's sandbox setup."""
@@ -243,4 +265,4 @@ class Build:
     def check(self):
         """After a successful build: refuse a bubblewrap run that wrote elsewhere."""
         if self.backend == "bwrap":
-            bwrapinfo.check(self.generation, [f"{name}/{version}" for name, version in self.modules])
+            bwrapinfo.check(self.generation, [module for _name, _version, module in self.modules])

@@ -16,6 +16,7 @@ module and data paths) and the bubblewrap install path, every backend gives expl
 from __future__ import annotations
 
 import os
+import re
 
 # Options whose value is a path or a redirection (they take a value).
 _REDIRECTING_PREFIXES = ("--installpath", "--subdir-", "--bwrap")
@@ -126,6 +127,24 @@ def naming_scheme(args, env):
     return None, None
 
 
+# A line of ``eb --show-config``: "module-naming-scheme  (F) = HierarchicalMNS".
+_SHOWN_SCHEME = re.compile(r"^module-naming-scheme\s+\(([A-Z])\)\s*=\s*(\S+)\s*$", re.M)
+_SOURCES = {"F": "a configuration file", "E": "the environment", "C": "the command line", "D": "the default"}
+
+
+def configured_scheme(show_config_text):
+    """The module naming scheme ``eb --show-config`` reports, and how, as EasyBuild says where it
+    came from (``(scheme, "module-naming-scheme=X (from a configuration file)")``), or
+    ``(None, None)`` when it reports none (EasyBuild's default). A configuration file
+    (``EASYBUILD_CONFIGFILES``, ``~/.config/easybuild/config.cfg``) is the one place the run's
+    arguments and environment do not show."""
+    found = _SHOWN_SCHEME.search(show_config_text or "")
+    if found is None:
+        return None, None
+    scheme, source = found.group(2), _SOURCES.get(found.group(1), "EasyBuild's configuration")
+    return scheme, f"module-naming-scheme={scheme} (from {source})"
+
+
 def with_own_python(env, eb):
     """``env`` in which the ``eb`` wrapper runs the Python installed beside it, if there is one.
 
@@ -154,7 +173,8 @@ def in_dependency_order(args, order):
     module's when its file name is ``<Name>-<version>.eb``, as EasyBuild names them; every
     other argument stays where it was.
     """
-    rank = {module.replace("/", "-", 1) + ".eb": index for index, module in enumerate(order)}
+    # Name-version.eb of Name/version, the last two parts of a hierarchical name too.
+    rank = {"-".join(module.split("/")[-2:]) + ".eb": index for index, module in enumerate(order)}
     places = [index for index, arg in enumerate(args) if os.path.basename(arg) in rank]
     ordered = sorted((args[index] for index in places), key=lambda arg: rank[os.path.basename(arg)])
     result = list(args)

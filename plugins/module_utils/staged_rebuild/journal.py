@@ -196,7 +196,7 @@ class StepName:
         module = words.pop(0) if kind.has_module else None
         if module is not None:
             try:
-                paths.parse_module(module)
+                paths.parse_module_name(module)
             except errors.UsageError:
                 raise records.RecordError(f"{where} is {value!r}: {module!r} is not NAME/VERSION") from None
         return cls(kind, module, module_class, undo)
@@ -252,15 +252,16 @@ class ModuleEntry:
     def live_record_name(self) -> str:
         return os.path.join("live", self.name, self.version + ".json")
 
+    # By the module's directory under modules/all, which is ``Name`` in the flat scheme.
     def prepared_module_name(self) -> str:
-        return os.path.join("prepared", self.name, os.path.basename(self.module_file))
+        return os.path.join("prepared", os.path.dirname(self.module), os.path.basename(self.module_file))
 
     def module_backup_name(self) -> str:
-        return os.path.join("backup", self.name, os.path.basename(self.module_file))
+        return os.path.join("backup", os.path.dirname(self.module), os.path.basename(self.module_file))
 
     def check_paths(self, where: str, trees: paths.Trees, run_id: str, run_dir: str, state_root: str) -> None:
         """Every path of the entry is where this run put it, with no link on the way there."""
-        expected = paths.ModulePaths(trees, self.name, self.version, run_id)
+        expected = paths.ModulePaths(trees, self.module, self.install_subdir, run_id)
         _require_equal(
             f"{where}.stable_path", self.stable_path, expected.stable_path, "<software>", trees.software
         )
@@ -290,13 +291,27 @@ class ModuleEntry:
         for module_class in self.class_link_previous:
             _require_class(f"{where}.class_link_previous", module_class)
 
+    @property
+    def install_subdir(self) -> str:
+        """``<Name>/<dir>`` of the install under the software root (``paths.ModulePaths``)."""
+        return f"{self.name}/{self.version}"
+
     def check(self, where: str) -> None:
-        if self.module != f"{self.name}/{self.version}":
-            raise records.RecordError(f"{where}.module {self.module!r} is not its name/version")
         try:
-            paths.parse_module(self.module)
+            paths.parse_module_name(self.module)
         except errors.UsageError:
             raise records.RecordError(f"{where}.module {self.module!r} is not NAME/VERSION") from None
+        try:
+            paths.parse_module(self.install_subdir)
+        except errors.UsageError:
+            raise records.RecordError(
+                f"{where}.name and .version {self.install_subdir!r} are not an install's NAME/VERSION"
+            ) from None
+        # The flat scheme names the module as its install; a hierarchy by the install's Name.
+        if self.module.count("/") == 1 and self.module != self.install_subdir:
+            raise records.RecordError(f"{where}.module {self.module!r} is not its name/version")
+        if self.module.split("/")[-2] != self.name:
+            raise records.RecordError(f"{where}.module {self.module!r} is not a module of {self.name}")
 
 
 @dataclasses.dataclass

@@ -15,7 +15,7 @@ import os
 import stat
 
 from ..common.printable import printable, unicode_result
-from . import commands, paths, settings
+from . import commands, naming, paths, settings
 from . import journal as journals
 from .request import RebuildRequest, configured_trees
 
@@ -109,8 +109,8 @@ def live_snapshot(software, modules, module_names) -> dict:
     trees = paths.Trees(software, modules)
     snapshot = {}
     for value in module_names:
-        name, version = paths.parse_module(value)
-        entry = paths.ModulePaths(trees, name, version, "snapshot")
+        located = naming.locate(trees, value)
+        entry = paths.ModulePaths(trees, located.module, located.install_subdir, "snapshot")
         snapshot[value] = {
             "live_dir": entry.stable_path,
             "live_inode": _inode(entry.stable_path),

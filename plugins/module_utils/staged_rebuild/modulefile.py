@@ -456,10 +456,14 @@ def dependencies(text):
 
 
 def _resolve(name, modules, by_name):
-    """The members of the set that loading ``name`` can mean: itself, or every version of a bare Name."""
+    """The members of the set that loading ``name`` can mean: itself, every version of a bare
+    Name, or in a hierarchy the member whose full name ends in it (a hierarchical module loads
+    ``libtoy/0.0``, which is ``Core/libtoy/0.0`` on the MODULEPATH the hierarchy builds)."""
     if name in modules:
         return [name]
-    return by_name.get(name, []) if "/" not in name else []
+    if "/" not in name:
+        return by_name.get(name, [])
+    return [module for module in sorted(modules) if module.endswith("/" + name)]
 
 
 def _match_end(pattern: Pattern[str], text: str, start: int) -> int:
@@ -510,7 +514,8 @@ def _strong_components(nodes, edges):
 
 
 def publish_order(modules):
-    """Names of ``modules`` (``{"Name/version": module file text}``), dependencies first.
+    """Names of ``modules`` (``{"Name/version": module file text}``, or full hierarchical
+    names), dependencies first.
 
     Only dependencies inside the set order anything; a bare ``Name`` dependency means every
     version of that Name in the set. Among modules free to go, the smaller name goes first,
@@ -521,7 +526,7 @@ def publish_order(modules):
     nodes = sorted(modules)
     by_name = collections.defaultdict(list)
     for node in nodes:
-        by_name[node.split("/", 1)[0]].append(node)
+        by_name[node.split("/")[-2]].append(node)  # Name/version, or <level>/.../Name/version
     edges = {}
     for node in nodes:
         targets = set()

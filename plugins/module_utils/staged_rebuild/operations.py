@@ -53,7 +53,9 @@ def restore_module(trees, state_root, entry):
 
 
 def class_link_path(trees, entry, module_class):
-    return os.path.join(trees.modules, module_class, entry.name, os.path.basename(entry.module_file))
+    return os.path.join(
+        trees.modules, module_class, os.path.dirname(entry.module), os.path.basename(entry.module_file)
+    )
 
 
 def _class_link_state(trees, entry, module_class):

@@ -3,7 +3,9 @@
 """Where things are: the live trees, a module's paths, the state root, and the refusals.
 
 A live install is ``<software>/<Name>/<version>``; its module file is
-``<modules>/all/<Name>/<version>.lua`` (or the Tcl file ``<version>``). A run stages the
+``<modules>/all/<module name>.lua`` (or the Tcl file without the suffix), where the module name
+is ``<Name>/<version>`` in EasyBuild's flat naming and a longer path in a hierarchy
+(``ModulePaths``). A run stages the
 new install as the hidden sibling ``<software>/<Name>/.<version>.<run_id>``: the exchange
 then leaves the old tree under that same name, which is the retired path. Being a sibling
 keeps stage and live on one filesystem, which the exchange needs.
@@ -30,8 +32,6 @@ _COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*\Z")
 # \Z, not $: "$" also matches before a final newline, which would let "run1\n" through.
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 GENERATIONS = ".eb-staged-rebuild"
-# The one module naming scheme whose layout this module describes.
-FLAT_SCHEME = "EasyBuildMNS"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,17 +64,25 @@ class Trees:
 def parse_module(value):
     """``Name/version`` -> ``(name, version)``; anything that could leave a root is refused."""
     parts = value.split("/")
-    if len(parts) > 2 and all(_COMPONENT.match(part) for part in parts):
-        raise errors.UsageError(
-            f"{setting('modules')} {value!r} is not NAME/VERSION but a hierarchical module name; staged "
-            f"rebuilds handle EasyBuild's flat naming only ({FLAT_SCHEME}: modules/all/<Name>/<version>)"
-        )
     if len(parts) != 2 or not all(_COMPONENT.match(part) for part in parts):
         raise errors.UsageError(
             f"{setting('modules')} {value!r} is not NAME/VERSION of plain names "
             "(no '..', no '/', no leading '.')"
         )
     return parts[0], parts[1]
+
+
+def parse_module_name(value):
+    """A module name as EasyBuild's naming schemes make them, checked: ``Name/version`` (flat)
+    or a longer path under ``modules/all`` (``Core/toy/0.0``, ``Compiler/GCC/6.4.0/toy/0.0``),
+    every component a plain name. Returned as given; anything that could leave a root is refused."""
+    parts = value.split("/")
+    if len(parts) < 2 or not all(_COMPONENT.match(part) for part in parts):
+        raise errors.UsageError(
+            f"{setting('modules')} {value!r} is not NAME/VERSION of plain names "
+            "(no '..', no '/', no leading '.')"
+        )
+    return value
 
 
 def check_run_id(run_id):
@@ -101,26 +109,35 @@ def require_inside(path, root, what):
 
 
 class ModulePaths:
-    """The paths of one module in the live trees and in a run."""
+    """The paths of one module in the live trees and in a run.
 
-    def __init__(self, trees, name, version, run_id):
+    A module is two names: ``module``, its name under ``<modules>/all`` (what ``module load``
+    takes: ``toy/0.0`` flat, ``Core/toy/0.0`` or ``Compiler/GCC/6.4.0-2.28/toy/0.0`` in a
+    hierarchy), and ``install_subdir``, its install directory under ``<software>`` as
+    ``<Name>/<dir>`` (``toy/0.0``, ``toy/0.0-GCC-6.4.0-2.28``). EasyBuild's flat scheme makes
+    them equal; the live module file's root says which it is (``naming.locate``). ``name``
+    and ``version`` are the install directory's two components: the swap exchanges
+    ``<software>/<name>/<version>`` with its hidden sibling.
+    """
+
+    def __init__(self, trees, module, install_subdir, run_id):
         self.trees = trees
-        self.name = name
-        self.version = version
+        self.module = module
+        self.install_subdir = install_subdir
+        self.name, self.version = install_subdir.split("/")
         self.run_id = run_id
-        self.stable_path = os.path.join(trees.software, name, version)
-        self.retired_path = os.path.join(trees.software, name, f".{version}.{run_id}")
-        self.module_dir = os.path.join(trees.modules_all, name)
+        self.stable_path = os.path.join(trees.software, self.name, self.version)
+        self.retired_path = os.path.join(trees.software, self.name, f".{self.version}.{run_id}")
+        self.module_dir = os.path.join(trees.modules_all, os.path.dirname(module))
 
     @property
-    def module(self):
-        return f"{self.name}/{self.version}"
+    def is_flat(self):
+        return self.module == self.install_subdir
 
     def module_file_names(self):
         """The two names the module file can have: the Lua file and the Tcl file."""
-        return os.path.join(self.module_dir, self.version + ".lua"), os.path.join(
-            self.module_dir, self.version
-        )
+        base = os.path.basename(self.module)
+        return os.path.join(self.module_dir, base + ".lua"), os.path.join(self.module_dir, base)
 
     def module_file(self):
         """The live module file: the Lua file, else an existing Tcl file, else where Lua goes."""
@@ -134,7 +151,13 @@ class ModulePaths:
         module file has the live one's name, as the build keeps its syntax (``syntax``)."""
         return (
             os.path.join(generation, "software", self.name, self.version),
-            os.path.join(generation, "modules", "all", self.name, os.path.basename(self.module_file())),
+            os.path.join(
+                generation,
+                "modules",
+                "all",
+                os.path.dirname(self.module),
+                os.path.basename(self.module_file()),
+            ),
         )
 
 

@@ -122,11 +122,13 @@ def _back_up_module(journal, trees, entry):
 
 
 def _staged_class_links(generation, entry):
-    """Module-class links the build made (``modules/<class>/Name/version.lua``)."""
+    """Module-class links the build made (``modules/<class>/<module name>.lua``)."""
     modules = os.path.join(generation, "modules")
     base = os.path.basename(entry.module_file)
     links = []
-    for link in sorted(glob.glob(os.path.join(modules, "*", entry.name, base))):
+    for link in sorted(
+        glob.glob(os.path.join(modules, "*", glob.escape(os.path.dirname(entry.module)), base))
+    ):
         if os.path.relpath(link, modules).split(os.sep)[0] != "all" and os.path.islink(link):
             links.append(os.path.relpath(link, modules).split(os.sep)[0])
     return links
@@ -157,7 +159,7 @@ def plan(journal, trees, generation, *, prepare=None, env=None):
     """Make every module of the journal ready to swap; refuse, changing nothing live, if one is not."""
     journal.set_state(RunState.PLANNING)
     for entry in journal.modules:
-        module_paths = paths.ModulePaths(trees, entry.name, entry.version, journal.run_id)
+        module_paths = paths.ModulePaths(trees, entry.module, entry.install_subdir, journal.run_id)
         staged_install, staged_module = module_paths.staged_build(generation)
         if not os.path.isdir(staged_install) or not has_build_evidence(staged_install):
             raise errors.PublishError(

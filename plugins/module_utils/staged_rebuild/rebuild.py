@@ -26,14 +26,17 @@ from . import (
     easybuild,
     fsutil,
     locking,
+    naming,
     operations,
     paths,
     planner,
     probe,
     publish,
     relocate,
+    wouldbuild,
 )
 from . import journal as journals
+from . import syntax as module_syntax
 from .faults import Faults
 from .journal import Journal, ModuleEntry, RunKind, RunState, StepKind
 from .request import RebuildRequest
@@ -52,7 +55,7 @@ Progress = Callable[[str], None]
 
 def _build(backend: str, request: RebuildRequest, run_id: str) -> backends.Build:
     entries = request.module_paths(run_id)
-    names = [(entry.name, entry.version) for entry in entries]
+    names = [(entry.name, entry.version, entry.module) for entry in entries]
     return backends.Build(
         backend,
         request.trees,
@@ -111,6 +114,31 @@ def easybuild_configuration(request: RebuildRequest, backend: str, env: Mapping[
     return {"text": "".join(shown), "error": None}
 
 
+def refuse_configured_scheme(request: RebuildRequest, configuration: Mapping[str, Any]) -> None:
+    """Refuse a naming scheme that only EasyBuild's configuration names (a configuration file,
+    which the request's own check cannot see), as ``naming.check_scheme`` does the others.
+    A configuration EasyBuild could not show refuses nothing: the build then fails saying why."""
+    if configuration.get("text") is not None:
+        scheme, given_as = easybuild.configured_scheme(configuration["text"])
+        naming.check_scheme(scheme, given_as, list(request.modules_requested))
+
+
+def _check_configured_scheme(request: RebuildRequest, backend: str, env: Mapping[str, str]) -> None:
+    """Before the build: the scheme of EasyBuild's configuration files, when neither the run's
+    arguments nor the environment name one (those the request checked); one ``--show-config``."""
+    if easybuild.naming_scheme(request.eb_args, env)[0] is None:
+        refuse_configured_scheme(request, easybuild_configuration(request, backend, env))
+
+
+def _check_would_build(request: RebuildRequest, backend: str, env: Mapping[str, str], run_id: str) -> None:
+    """A hierarchical run: EasyBuild's dry run must place the live modules (``wouldbuild``)."""
+    build = _build(backend, request, run_id)
+    child_env = build.environment(dict(env), request.eb)
+    child_env["MODULEPATH"] = build.module_path(child_env.get("MODULEPATH", ""))
+    argv = wouldbuild.command(request.eb, request.eb_args, module_syntax.placement(build.syntax), build.order)
+    wouldbuild.check(request.eb, argv, child_env, request.module_paths(run_id))
+
+
 def dry_run(request: RebuildRequest, env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
     """What a rebuild would do; writes nothing and takes no lock. It runs the sandbox probes
     and, with ``env`` (EasyBuild's environment), ``eb --show-config`` of the staged command."""
@@ -123,6 +151,7 @@ def dry_run(request: RebuildRequest, env: Optional[Mapping[str, str]] = None) ->
     )
     if env is not None:
         result["easybuild_configuration"] = easybuild_configuration(request, backend, env)
+        refuse_configured_scheme(request, result["easybuild_configuration"])
     return result
 
 
@@ -146,7 +175,9 @@ def rebuild(
     # Last of the checks: the probes run programs, and a request refused for a plain reason
     # (in request.resolve) did not wait for them.
     backend = backends.select(request.backend)
+    _check_configured_scheme(request, backend, env)
     run_id = request.run_id or ""
+    _check_would_build(request, backend, env, run_id)
     state_root = paths.prepare_state_root(state_root)
     # Read first: a journal that does not load refuses before the lock file is written. Whether
     # a run is interrupted is asked only under the lock: another run may be in progress.
@@ -206,9 +237,9 @@ def end_failed(journal: Journal, generation: str, err: BaseException) -> None:
 def _relocate(build: backends.Build, journal: Journal, allow_unrelocated: bool) -> List[str]:
     """Rewrite the generation paths in the staged trees; refuse binaries that still name them."""
     roots = []
-    for name, version in build.modules:
+    for name, version, module in build.modules:
         roots.append(os.path.join(build.stage_software, name, version))
-        roots.append(os.path.join(build.stage_modules, "all", name))
+        roots.append(os.path.join(build.stage_modules, "all", os.path.dirname(module)))
     rewrites = relocate.mapping(build.generation, build.trees.software, build.trees.modules)
     rewritten, binaries = relocate.relocate(roots, rewrites)
     journal.run.relocated_files = len(rewritten)

@@ -23,11 +23,11 @@ import binascii
 import dataclasses
 import datetime
 import os
-from typing import Any, List, Mapping, Optional
+from typing import Any, List, Mapping, Optional, Set
 
 from ..common import errors
 from ..common.errors import setting
-from . import easybuild, ledger, modulefile, paths, settings, syntax
+from . import easybuild, ledger, modulefile, naming, paths, settings, syntax
 from .backends import BACKENDS
 from .ledger import LedgerConfig
 from .records import AbsPath
@@ -82,10 +82,11 @@ class RebuildRequest:
         return paths.Trees(self.software, self.modules)
 
     def module_paths(self, run_id: str) -> List[paths.ModulePaths]:
+        """The run's modules as the live tree has them (``naming.locate``)."""
         found = []
         for value in self.modules_requested:
-            name, version = paths.parse_module(value)
-            found.append(paths.ModulePaths(self.trees, name, version, run_id))
+            located = naming.locate(self.trees, value)
+            found.append(paths.ModulePaths(self.trees, located.module, located.install_subdir, run_id))
         return found
 
     def module_syntax(self, run_id: str) -> str:
@@ -183,8 +184,13 @@ def resolve(values: Mapping[str, Any], environ: Mapping[str, str], eb_args: List
         ledger=ledger.load_config(given["ledger_config"]) if given["ledger_config"] else None,
         **given,
     )
-    _check_naming_scheme(request, environ)
     _check_modules(request, run_id)
+    # The full names from here on: the journal, the output and a resume name the live module
+    # the short name meant when the run began.
+    request = dataclasses.replace(
+        request, modules_requested=[entry.module for entry in request.module_paths(run_id)]
+    )
+    _check_naming_scheme(request, environ)
     if not os.path.isfile(request.eb) or not os.access(request.eb, os.X_OK):
         raise errors.UsageError(
             f"EasyBuild command {request.eb} is not an executable file "
@@ -194,27 +200,23 @@ def resolve(values: Mapping[str, Any], environ: Mapping[str, str], eb_args: List
 
 
 def _check_naming_scheme(request: RebuildRequest, environ: Mapping[str, str]) -> None:
-    """Refuse, before anything is built, a module naming scheme whose layout is not the flat
-    ``modules/all/<Name>/<version>`` that the module paths assume."""
+    """Refuse, before anything is built, a module naming scheme the module paths cannot follow,
+    and modules whose names are not of the scheme the build uses (``naming.check_scheme``).
+    A scheme neither the arguments nor the environment name may come from a configuration
+    file: the rebuild asks EasyBuild then (``rebuild.refuse_configured_scheme``)."""
     scheme, given_as = easybuild.naming_scheme(request.eb_args, environ)
-    if scheme is not None and scheme != paths.FLAT_SCHEME:
-        said = f"{given_as}={scheme}"
-        raise errors.UsageError(
-            f"{said} names modules by another layout than modules/all/<Name>/<version>; staged rebuilds "
-            f"handle EasyBuild's flat naming only ({paths.FLAT_SCHEME}): rebuild these modules with plain eb"
-        )
+    if scheme is not None:
+        naming.check_scheme(scheme, f"{given_as}={scheme}", list(request.modules_requested))
 
 
 def _check_modules(request: RebuildRequest, run_id: str) -> None:
     if not request.modules_requested:
         raise errors.UsageError(f"rebuild needs at least one {setting('modules')} NAME/VERSION")
-    seen = set()
-    for value in request.modules_requested:
-        name, version = paths.parse_module(value)
-        if (name, version) in seen:
+    seen: Set[str] = set()
+    for value, entry in zip(request.modules_requested, request.module_paths(run_id)):
+        if entry.module in seen or entry.install_subdir in seen:
             raise errors.UsageError(f"{setting('modules')} {value} is given twice")
-        seen.add((name, version))
-        entry = paths.ModulePaths(request.trees, name, version, run_id)
+        seen.update((entry.module, entry.install_subdir))
         paths.require_live_dir(entry)
         paths.require_module_file_path(entry)
         if os.path.lexists(entry.retired_path):

@@ -21,7 +21,7 @@ import stat
 from typing import Any, Callable, Dict
 
 from ..common import errors
-from . import fsutil, paths, probe
+from . import fsutil, probe
 
 _LOG_HEAD_BYTES = 4096
 _OPENERS: Dict[str, Callable[..., Any]] = {".gz": gzip.open, ".bz2": bz2.open}
@@ -38,12 +38,13 @@ def compare(request) -> list:
     contents, problem = _read_all(easyconfigs)
     version = probe.easybuild_version(request.eb)
     results = []
-    for value in request.modules_requested:
-        name, module_version = paths.parse_module(value)
-        install = os.path.join(request.software, name, module_version)
-        why = problem or _why_stale(install, f"{name}-{module_version}.eb", contents, version)
+    # By the install directory: EasyBuild keeps the easyconfig there as <Name>-<dir>.eb, also
+    # for a hierarchical module (toy-0.0-GCC-6.4.0-2.28.eb for Compiler/GCC/6.4.0-2.28/toy/0.0).
+    for entry in request.module_paths("uptodate"):
+        easyconfig = f"{entry.name}-{entry.version}.eb"
+        why = problem or _why_stale(entry.stable_path, easyconfig, contents, version)
         results.append(
-            {"module": value, "up_to_date": why is None, "why": why or "same easyconfig and EasyBuild"}
+            {"module": entry.module, "up_to_date": why is None, "why": why or "same easyconfig and EasyBuild"}
         )
     return results
 

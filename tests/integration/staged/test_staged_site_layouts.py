@@ -304,7 +304,9 @@ def test_a_tcl_and_a_lua_module_in_one_run_are_refused_before_easybuild_runs(
     )
 
 
-def test_a_hierarchical_module_name_is_refused_before_easybuild_runs(mixed_site, toy_material):
+def test_a_hierarchical_module_name_absent_from_a_flat_tree_is_refused_before_easybuild_runs(
+    mixed_site, toy_material
+):
     args = mixed_site.rebuild_args([TOY], toy_material, backend="userns")
     args[args.index(TOY)] = "Core/toy/0.0"
     eb, started = toysite.counting_eb(mixed_site)
@@ -315,22 +317,22 @@ def test_a_hierarchical_module_name_is_refused_before_easybuild_runs(mixed_site,
 
     assert done.returncode == 2
     assert done.stderr == (
-        "eb-staged-rebuild: --module 'Core/toy/0.0' is not NAME/VERSION but a hierarchical module name; "
-        "staged rebuilds handle EasyBuild's flat naming only (EasyBuildMNS: modules/all/<Name>/<version>)\n"
+        "eb-staged-rebuild: --module Core/toy/0.0 matches no live module file under "
+        f"{mixed_site.modules_all}\n"
     )
     assert not started.exists()
     assert mixed_site.snapshot() == before
 
 
-def test_a_hierarchical_naming_scheme_is_refused_before_easybuild_runs(mixed_site, toy_material):
+def test_a_flat_module_under_a_hierarchical_scheme_is_refused_before_easybuild_runs(mixed_site, toy_material):
     line = _refused_before_easybuild(
         mixed_site, toy_material, [TOY], [], env={"EASYBUILD_MODULE_NAMING_SCHEME": "HierarchicalMNS"}
     )
 
     assert line == (
-        "eb-staged-rebuild: EASYBUILD_MODULE_NAMING_SCHEME=HierarchicalMNS names modules by another layout "
-        "than modules/all/<Name>/<version>; staged rebuilds handle EasyBuild's flat naming only "
-        "(EasyBuildMNS): rebuild these modules with plain eb"
+        "eb-staged-rebuild: toy/0.0 is not a hierarchical name (Core/..., Compiler/..., MPI/...), but "
+        "EasyBuild would build it under EASYBUILD_MODULE_NAMING_SCHEME=HierarchicalMNS, and write its "
+        "module file elsewhere: name the module as HierarchicalMNS does"
     )
 
 

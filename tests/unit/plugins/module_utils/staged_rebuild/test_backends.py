@@ -93,7 +93,9 @@ def _without_user_namespaces(package_dir, user, requested, search_path="/usr/bin
 
 def _build(backend, tmp_path, modules=(("Tiny", "1.0"),), installpath=None):
     trees = paths.Trees.from_installpath(str(installpath or tmp_path / "apps"))
-    return backends.Build(backend, trees, trees.generation("run1"), list(modules))
+    return backends.Build(
+        backend, trees, trees.generation("run1"), [(*module, "/".join(module)) for module in modules]
+    )
 
 
 # auto_choice
@@ -293,7 +295,7 @@ def test_bwrap_placement_of_a_missing_live_name_directory_raises(tmp_path):
 def test_bwrap_refuses_a_tree_path_with_a_comma(tmp_path, tree):
     trees = paths.Trees(str(tmp_path / "apps" / "software"), str(tmp_path / "apps" / "modules"))
     trees = dataclasses.replace(trees, **{tree: str(tmp_path / "apps,2" / tree)})
-    build = backends.Build("bwrap", trees, trees.generation("run1"), [("Tiny", "1.0")])
+    build = backends.Build("bwrap", trees, trees.generation("run1"), [("Tiny", "1.0", "Tiny/1.0")])
 
     with pytest.raises(errors.UsageError) as caught:
         build.placement_args()
@@ -452,7 +454,7 @@ def test_check_has_nothing_to_check_for_the_other_backends(tmp_path, backend):
 def test_every_backend_tells_easybuild_the_live_module_syntax(tmp_path, backend):
     _live_entries(tmp_path, ["1.0"])
     trees = paths.Trees.from_installpath(str(tmp_path / "apps"))
-    build = backends.Build(backend, trees, trees.generation("run1"), [("Tiny", "1.0")], "Tcl")
+    build = backends.Build(backend, trees, trees.generation("run1"), [("Tiny", "1.0", "Tiny/1.0")], "Tcl")
 
     assert build.placement_args()[0] == "--module-syntax=Tcl"
     command = build.command("/opt/eb/bin/eb", ["--module-syntax=Lua", "Tiny-1.0.eb"])

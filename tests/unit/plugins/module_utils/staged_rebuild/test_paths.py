@@ -24,7 +24,7 @@ def trees(tmp_path):
 
 
 def _module(trees, name="TinyApp", version="1.0", run_id="run1"):
-    return paths.ModulePaths(trees, name, version, run_id)
+    return paths.ModulePaths(trees, f"{name}/{version}", f"{name}/{version}", run_id)
 
 
 def _live(trees, name="TinyApp", version="1.0"):

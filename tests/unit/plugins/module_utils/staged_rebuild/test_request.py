@@ -379,17 +379,88 @@ def test_the_build_order_puts_a_dependency_first_as_the_live_module_files_say(si
     assert request.build_order("run1") == ["libtoy/0.0", "toy-app/0.0"]
 
 
-# hierarchical naming: refused before anything is built, saying so
+# hierarchical naming: the live tree says which module a name means and where it is installed
+
+HMNS = ["--module-naming-scheme=HierarchicalMNS"]
+CORE_TOY = "Core/toy/0.0"
+COMPILER_TOY = "Compiler/GCC/6.4.0-2.28/toy/0.0"
 
 
-@pytest.mark.parametrize("value", ["Core/toy/0.0", "Compiler/GCC/6.4.0-2.28/toy/0.0"])
-def test_a_hierarchical_module_name_is_refused_as_such(site, value):
-    message = _refusal(site, modules=[value])
+def _live_module(site, module, install_subdir, tcl=False):
+    software = site / "apps" / "software" / install_subdir
+    software.mkdir(parents=True, exist_ok=True)
+    module_file = site / "apps" / "modules" / "all" / (module if tcl else module + ".lua")
+    module_file.parent.mkdir(parents=True, exist_ok=True)
+    root = f"set root    {software}\n" if tcl else f'local root = "{software}"\n'
+    module_file.write_text(("#%Module\n" if tcl else "") + root)
+    return software
 
-    assert message == (
-        f"--module {value!r} is not NAME/VERSION but a hierarchical module name; staged rebuilds handle "
-        "EasyBuild's flat naming only (EasyBuildMNS: modules/all/<Name>/<version>)"
+
+@pytest.fixture
+def hmns_site(site):
+    """Core/toy/0.0 (Lua) in software/toy/0.0, Compiler/GCC/6.4.0-2.28/toy/0.0 (Tcl) in
+    software/toy/0.0-GCC-6.4.0-2.28, and the GCC toolchain module they are built with."""
+    _live_module(site, CORE_TOY, "toy/0.0")
+    _live_module(site, COMPILER_TOY, "toy/0.0-GCC-6.4.0-2.28", tcl=True)
+    _live_module(site, "Core/GCC/6.4.0-2.28", "GCC/6.4.0-2.28", tcl=True)
+    return site
+
+
+@pytest.mark.parametrize(
+    ("module", "install"), [(CORE_TOY, "toy/0.0"), (COMPILER_TOY, "toy/0.0-GCC-6.4.0-2.28")]
+)
+def test_a_full_hierarchical_name_is_the_live_module_installed_where_its_root_says(
+    hmns_site, module, install
+):
+    request = _resolve(hmns_site, eb_args=[*HMNS, "toy-0.0.eb"], modules=[module])
+
+    (entry,) = request.module_paths("run1")
+    assert request.modules_requested == [module]
+    assert (entry.module, entry.install_subdir) == (module, install)
+    assert entry.stable_path == str(hmns_site / "apps" / "software" / install)
+    assert entry.retired_path == str(hmns_site / "apps" / "software" / "toy" / f".{install[4:]}.run1")
+    assert entry.module_file() == str(hmns_site / "apps" / "modules" / "all" / module) + (
+        ".lua" if module == CORE_TOY else ""
     )
+
+
+def test_an_unambiguous_short_name_is_the_one_live_module_that_ends_so(hmns_site):
+    (hmns_site / "apps" / "modules" / "all" / "Core" / "toy" / "0.0.lua").unlink()
+
+    request = _resolve(hmns_site, eb_args=[*HMNS, "toy-0.0.eb"], modules=["toy/0.0"])
+
+    assert request.modules_requested == [COMPILER_TOY]
+    assert request.module_paths("run1")[0].install_subdir == "toy/0.0-GCC-6.4.0-2.28"
+
+
+def test_an_ambiguous_short_name_is_refused_naming_the_candidates(hmns_site):
+    assert _refusal(hmns_site, modules=["toy/0.0"]) == (
+        f"--module toy/0.0 is ambiguous: the live tree has {COMPILER_TOY}, {CORE_TOY}; "
+        "give the full module name"
+    )
+
+
+def test_a_hierarchical_name_that_matches_no_live_module_is_refused(hmns_site):
+    assert _refusal(hmns_site, modules=["MPI/GCC/6.4.0-2.28/OpenMPI/2.1.2/toy/0.0"]) == (
+        "--module MPI/GCC/6.4.0-2.28/OpenMPI/2.1.2/toy/0.0 matches no live module file under "
+        f"{hmns_site}/apps/modules/all"
+    )
+
+
+def test_a_hierarchical_module_whose_root_is_not_an_install_of_the_software_tree_is_refused(hmns_site):
+    module_file = hmns_site / "apps" / "modules" / "all" / "Core" / "toy" / "0.0.lua"
+    module_file.write_text('local root = "/opt/elsewhere/toy/0.0"\n')
+
+    assert _refusal(hmns_site, eb_args=[*HMNS, "toy-0.0.eb"], modules=[CORE_TOY]) == (
+        f"Core/toy/0.0's live module file {module_file} names root /opt/elsewhere/toy/0.0, which is not "
+        f"<Name>/<version> under the software tree {hmns_site}/apps/software; a staged rebuild finds the "
+        "install by it"
+    )
+
+
+def test_a_hierarchical_name_without_a_scheme_given_is_left_to_easybuild_s_configuration(hmns_site):
+    # A configuration file may set the scheme: the rebuild asks EasyBuild (--show-config).
+    assert _resolve(hmns_site, eb_args=["toy-0.0.eb"], modules=[CORE_TOY]).modules_requested == [CORE_TOY]
 
 
 @pytest.mark.parametrize(
@@ -402,22 +473,44 @@ def test_a_hierarchical_module_name_is_refused_as_such(site, value):
         ),
         ({}, ["--module-naming-scheme=HierarchicalMNS"], "--module-naming-scheme=HierarchicalMNS"),
         ({}, ["--module-naming-scheme", "MigrateFromEBToHMNS"], "--module-naming-scheme=MigrateFromEBToHMNS"),
-        # The run's own option beats the site's variable, as in EasyBuild.
-        (
-            {"EASYBUILD_MODULE_NAMING_SCHEME": "EasyBuildMNS"},
-            ["--module-naming-scheme=CategorizedModuleNamingScheme"],
-            "--module-naming-scheme=CategorizedModuleNamingScheme",
-        ),
     ],
 )
-def test_another_module_naming_scheme_is_refused_before_anything_is_built(site, environ, eb_args, said):
+def test_a_flat_name_built_under_a_hierarchical_scheme_is_refused(site, environ, eb_args, said):
     before = sorted(str(path) for path in site.rglob("*"))
     with pytest.raises(errors.UsageError) as raised:
         _resolve(site, environ, eb_args=[*eb_args, "TinyApp-1.0.eb"])
 
     assert str(raised.value) == (
-        f"{said} names modules by another layout than modules/all/<Name>/<version>; staged rebuilds handle "
-        "EasyBuild's flat naming only (EasyBuildMNS): rebuild these modules with plain eb"
+        f"TinyApp/1.0 is not a hierarchical name (Core/..., Compiler/..., MPI/...), but EasyBuild would "
+        f"build it under {said}, and write its module file elsewhere: name the module as "
+        f"{said.split('=')[1]} does"
+    )
+    assert sorted(str(path) for path in site.rglob("*")) == before
+
+
+@pytest.mark.parametrize(
+    ("environ", "eb_args"),
+    [
+        ({"EASYBUILD_MODULE_NAMING_SCHEME": "HierarchicalMNS"}, []),
+        ({}, ["--module-naming-scheme", "MigrateFromEBToHMNS"]),
+        # The run's own option beats the site's variable, as in EasyBuild.
+        ({"EASYBUILD_MODULE_NAMING_SCHEME": "EasyBuildMNS"}, ["--module-naming-scheme=HierarchicalMNS"]),
+    ],
+)
+def test_a_hierarchical_name_under_a_hierarchical_scheme_is_accepted(hmns_site, environ, eb_args):
+    request = _resolve(hmns_site, environ, eb_args=[*eb_args, "toy-0.0.eb"], modules=[COMPILER_TOY])
+
+    assert request.modules_requested == [COMPILER_TOY]
+
+
+@pytest.mark.parametrize("scheme", ["CategorizedModuleNamingScheme", "CategorizedHMNS", "MyOwnMNS"])
+def test_a_scheme_the_tool_does_not_place_is_refused_before_anything_is_built(site, scheme):
+    before = sorted(str(path) for path in site.rglob("*"))
+
+    assert _refusal(site, eb_args=[f"--module-naming-scheme={scheme}", "TinyApp-1.0.eb"]) == (
+        f"--module-naming-scheme={scheme} is not a naming scheme staged rebuilds handle (EasyBuildMNS, "
+        "HierarchicalMNS, MigrateFromEBToHMNS): rebuild these modules with plain eb, or under one of those "
+        "schemes"
     )
     assert sorted(str(path) for path in site.rglob("*")) == before
 

@@ -205,3 +205,17 @@ def test_a_newest_log_that_is_not_a_regular_file_is_not_read_and_counts_as_an_un
     results = _compare_within(_request(tmp_path, eb))
 
     assert _why(results) == {APP: (False, "built by EasyBuild an unknown version, not by 5.4.1")}
+
+
+def test_a_hierarchical_module_is_compared_with_the_record_in_the_install_its_root_names(tmp_path, eb):
+    # Compiler/GCC/6.4.0-2.28/TinyApp/1.0 lives in software/TinyApp/1.0-GCC-6.4.0-2.28, whose
+    # record EasyBuild names TinyApp-1.0-GCC-6.4.0-2.28.eb.
+    module = "Compiler/GCC/6.4.0-2.28/TinyApp/1.0"
+    _install(tmp_path / "software", "TinyApp/1.0-GCC-6.4.0-2.28")
+    module_file = tmp_path / "modules" / "all" / (module + ".lua")
+    module_file.parent.mkdir(parents=True)
+    module_file.write_text(f'local root = "{tmp_path}/software/TinyApp/1.0-GCC-6.4.0-2.28"\n')
+
+    assert _why(uptodate.compare(_request(tmp_path, eb, modules=(module,)))) == {
+        module: (True, "same easyconfig and EasyBuild")
+    }
