@@ -15,6 +15,7 @@ module and data paths) and the bubblewrap install path, every backend gives expl
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 
@@ -125,6 +126,26 @@ def naming_scheme(args, env):
     if env.get(_NAMING_VARIABLE):
         return env[_NAMING_VARIABLE], _NAMING_VARIABLE
     return None, None
+
+
+def configuration_files(args, env):
+    """The EasyBuild configuration files a run of ``eb`` with ``args`` in ``env`` may read, as
+    EasyBuild finds them (``easybuild.tools.options``): those ``--configfiles`` and
+    ``EASYBUILD_CONFIGFILES`` name, ``<dir>/easybuild.d/*.cfg`` for each directory of
+    ``XDG_CONFIG_DIRS`` (``/etc/xdg``), and ``config.cfg`` in ``XDG_CONFIG_HOME``'s
+    ``easybuild`` (``~/.config``). Empty: nothing but the arguments and the environment
+    configures the run, and no file can name what they do not show."""
+    named = [arg for arg in args if arg == "--configfiles" or arg.startswith("--configfiles=")]
+    if env.get("EASYBUILD_CONFIGFILES"):
+        named.append(env["EASYBUILD_CONFIGFILES"])
+    home = env.get("HOME") or os.path.expanduser("~")
+    user = os.path.join(
+        env.get("XDG_CONFIG_HOME") or os.path.join(home, ".config"), "easybuild", "config.cfg"
+    )
+    found = [user] if os.path.exists(user) else []
+    for directory in (env.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(os.pathsep):
+        found.extend(sorted(glob.glob(os.path.join(directory, "easybuild.d", "*.cfg"))))
+    return named + found
 
 
 # A line of ``eb --show-config``: "module-naming-scheme  (F) = HierarchicalMNS".

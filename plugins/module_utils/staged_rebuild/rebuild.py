@@ -125,9 +125,15 @@ def refuse_configured_scheme(request: RebuildRequest, configuration: Mapping[str
 
 def _check_configured_scheme(request: RebuildRequest, backend: str, env: Mapping[str, str]) -> None:
     """Before the build: the scheme of EasyBuild's configuration files, when neither the run's
-    arguments nor the environment name one (those the request checked); one ``--show-config``."""
-    if easybuild.naming_scheme(request.eb_args, env)[0] is None:
+    arguments nor the environment name one (those the request checked) and a configuration
+    file may; one ``--show-config`` then (EasyBuild's start costs a second of CPU). Without
+    one, the scheme is EasyBuild's default."""
+    if easybuild.naming_scheme(request.eb_args, env)[0] is not None:
+        return
+    if easybuild.configuration_files(request.eb_args, env):
         refuse_configured_scheme(request, easybuild_configuration(request, backend, env))
+    else:
+        naming.check_scheme(None, None, list(request.modules_requested))
 
 
 def _check_would_build(request: RebuildRequest, backend: str, env: Mapping[str, str], run_id: str) -> None:

@@ -342,3 +342,52 @@ def test_the_command_passes_the_run_s_easyconfigs_in_dependency_order():
     )
 
     assert command == ["eb", "libtoy-0.0.eb", "toy-app-0.0.eb", "--rebuild", "--x"]
+
+
+@pytest.fixture
+def config_env(tmp_path):
+    """An environment whose home and system configuration directories are empty."""
+    (tmp_path / "home").mkdir()
+    (tmp_path / "xdg").mkdir()
+    return {"HOME": str(tmp_path / "home"), "XDG_CONFIG_DIRS": str(tmp_path / "xdg")}
+
+
+def test_no_configuration_file_anywhere_is_none(config_env):
+    assert easybuild.configuration_files(["--robot"], config_env) == []
+
+
+def test_the_user_s_and_the_system_s_configuration_files_are_found_where_easybuild_looks(
+    config_env, tmp_path
+):
+    user = tmp_path / "home" / ".config" / "easybuild" / "config.cfg"
+    user.parent.mkdir(parents=True)
+    user.write_text("[override]\n")
+    system = tmp_path / "xdg" / "easybuild.d"
+    system.mkdir()
+    (system / "b.cfg").write_text("")
+    (system / "a.cfg").write_text("")
+    (system / "not-a-config").write_text("")
+
+    assert easybuild.configuration_files([], config_env) == [
+        str(user),
+        str(system / "a.cfg"),
+        str(system / "b.cfg"),
+    ]
+
+    elsewhere = tmp_path / "config-home"
+    assert easybuild.configuration_files([], dict(config_env, XDG_CONFIG_HOME=str(elsewhere))) == [
+        str(system / "a.cfg"),
+        str(system / "b.cfg"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [
+        (["--configfiles=/site/eb.cfg"], {}),
+        (["--configfiles", "/site/eb.cfg"], {}),
+        ([], {"EASYBUILD_CONFIGFILES": "/site/eb.cfg"}),
+    ],
+)
+def test_configuration_files_the_run_names_count_even_where_none_is_found(config_env, args, env):
+    assert easybuild.configuration_files(args, dict(config_env, **env)) != []
