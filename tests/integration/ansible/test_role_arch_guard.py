@@ -3,9 +3,11 @@ beside a slurm.conf it does not own, what the installed launcher does, upgrades 
 
 Each refusal is one failed task whose message says what is wrong and what to set, and it
 comes before the role writes anything: the prefix and the state directory are not created
-and slurm.conf is byte for byte what it was. The role runs ``scontrol reconfigure`` only
-when it changed slurm.conf, so these tests either leave slurm.conf to the site
-(``arch_guard_manage_slurm_conf: false``) or are refused before the handler. (A fresh
+and slurm.conf is byte for byte what it was. The refusal cases share one ansible-playbook
+run, one play each on a node of its own (see "the refusals" below). The role runs
+``scontrol reconfigure`` only when it changed slurm.conf, so these tests either leave
+slurm.conf to the site (``arch_guard_manage_slurm_conf: false``) or are refused before the
+handler. (A fresh
 install that owns slurm.conf, chaining the TaskProlog it names and removal on a real Slurm
 are the molecule scenarios': test_molecule_arch_guard.py.)
 """
@@ -149,23 +151,23 @@ def old_pythons():
     return found
 
 
-def _failed_task(play) -> str:
-    """The name of the one task that failed in ``play``."""
-    sections = re.split(r"^TASK \[", play.stdout, flags=re.M)[1:]
+def _failed_task(output: str, host: str = "localhost") -> str:
+    """The name of the one task that failed on ``host`` in ``output`` (a play's, or a run's)."""
+    sections = re.split(r"^TASK \[", output, flags=re.M)[1:]
     # "fatal:" for a task, "failed:" for an item of a loop.
     failed = [
         section.split("\n", 1)[0].rsplit("] *", 1)[0]
         for section in sections
-        if re.search(r"^(fatal|failed): \[localhost\]", section, re.M)
+        if re.search(rf"^(fatal|failed): \[{re.escape(host)}\]", section, re.M)
     ]
-    assert len(failed) == 1, play.stdout
+    assert len(failed) == 1, output
     return failed[0]
 
 
 def _refused(play, task, message):
     assert play.done.returncode == 2, play.output
     assert play.failed == 1, play.output
-    assert _failed_task(play) == f"{ROLE} : {task}", play.stdout
+    assert _failed_task(play.stdout) == f"{ROLE} : {task}", play.stdout
     assert message in play.stdout, play.stdout
 
 
@@ -212,69 +214,379 @@ def _executable(path: Path, text: str) -> Path:
     return path
 
 
-# ------------------------------------------------------------------ the interpreter
+# ------------------------------------------------------------------ the refusals
+#
+# Every refusal case below arranges a node of its own (a Host under one scratch directory) and
+# names the variables the role gets there. One ansible-playbook run holds them all: one play
+# per case, each on an inventory host of its own (this machine, under the case's name, so that
+# no case sees the facts another set), the role in a block whose rescue lets the next play
+# run. Each test reads its case's play: the one task that failed, its message, and what the
+# node holds after it. (The exit status of a refused run, 2, is the removal tests'.)
+
+REFUSAL_PLAY = """\
+- name: {name}
+  hosts: {alias}
+  gather_facts: false
+  vars: {variables}
+  tasks:
+    - name: Run the role
+      block:
+        - name: Run the role
+          ansible.builtin.import_role:
+            name: hpcstack.ops.arch_guard
+      rescue:
+        - name: The role refused
+          ansible.builtin.debug:
+            msg: refused
+"""
+ARRANGE: dict = {}
+# The tests of one batch go to one xdist worker (--dist loadgroup), which runs it once.
+REFUSAL = pytest.mark.xdist_group("arch_guard_refusals")
 
 
-def test_no_python_3_8_among_the_candidates_is_refused(host, old_pythons):
-    slurm_conf = SLURM_CONF + f"TaskProlog={host.root}/site/prolog.sh\n"
-    host.slurm_conf.write_text(slurm_conf)
+def _case(name: str, arrange) -> None:
+    """Register ``arrange(host, old_pythons) -> variables`` as the refusal case ``name``."""
+    ARRANGE[name] = arrange
 
-    play = host.run(
-        arch_guard_python_candidates=list(old_pythons),
-        arch_guard_python_package="",
-        arch_guard_manage_slurm_conf=True,
+
+class Refusals:
+    """The batch's run, and each case's node and the part of the output its play printed."""
+
+    def __init__(self, play, hosts: dict, aliases: dict) -> None:
+        self.play = play
+        self.hosts = hosts
+        self.aliases = aliases
+
+    def section(self, name: str) -> str:
+        head = f"PLAY [refusal: {name}] "
+        parts = re.split(r"^(?=PLAY \[|PLAY RECAP)", self.play.stdout, flags=re.M)
+        found = [part for part in parts if part.startswith(head)]
+        assert len(found) == 1, self.play.output
+        return found[0]
+
+
+@pytest.fixture(scope="module")
+def refusals(old_pythons):
+    scratch = _scratch_root()
+    hosts, aliases, plays, inventory = {}, {}, [], {}
+    try:
+        for number, (name, arrange) in enumerate(ARRANGE.items()):
+            alias = f"case{number:02d}"
+            case_root = scratch / alias
+            case_root.mkdir(mode=0o755)
+            host = Host(case_root)
+            variables = host.variables(**arrange(host, old_pythons))
+            hosts[name], aliases[name] = host, alias
+            inventory[alias] = {"ansible_connection": "local"}
+            plays.append(
+                REFUSAL_PLAY.format(
+                    name=json.dumps(f"refusal: {name}"), alias=alias, variables=json.dumps(variables)
+                )
+            )
+        playbook = scratch / "refusals.yml"
+        playbook.write_text("".join(plays))
+        (scratch / "inventory.json").write_text(json.dumps({"all": {"hosts": inventory}}))
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
+        playbooks = LocalPlaybooks(scratch / "ansible", env)
+        play = playbooks.run(str(playbook), inventory=str(scratch / "inventory.json"))
+        yield Refusals(play, hosts, aliases)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _refused_in(refusals, name, task, message):
+    """Case ``name`` was refused by the one task ``task``, whose output says ``message``; its
+    node and its play's output."""
+    section = refusals.section(name)
+    alias = refusals.aliases[name]
+    assert _failed_task(section, alias) == f"{ROLE} : {task}", section
+    assert message in section, section
+    # The rescue ran: the role stopped at the refusal.
+    assert "TASK [The role refused]" in section, section
+    return refusals.hosts[name], section
+
+
+@REFUSAL
+def test_every_refusal_case_ran_in_one_play_of_its_own_and_was_refused(refusals):
+    play = refusals.play
+    assert play.done.returncode == 0, play.output
+    assert set(play.recap) == set(refusals.aliases.values()), play.output
+    rescued = dict(re.findall(r"^(case\d+)\s*:.*\brescued=(\d+)", play.stdout, re.M))
+    assert rescued == {alias: "1" for alias in refusals.aliases.values()}, play.output
+    assert play.failed == 0, play.output
+
+
+# the interpreter
+
+
+def _no_python_3_8(host, old_pythons):
+    host.slurm_conf.write_text(SLURM_CONF + f"TaskProlog={host.root}/site/prolog.sh\n")
+    return {
+        "arch_guard_python_candidates": list(old_pythons),
+        "arch_guard_python_package": "",
+        "arch_guard_manage_slurm_conf": True,
+    }
+
+
+_case("no Python 3.8 among the candidates", _no_python_3_8)
+_case("a Python 3.7 as arch_guard_python", lambda host, old: {"arch_guard_python": next(iter(old))})
+_case("a missing arch_guard_python", lambda host, old: {"arch_guard_python": str(host.root / "no-python")})
+
+
+@REFUSAL
+def test_no_python_3_8_among_the_candidates_is_refused(refusals, old_pythons):
+    name = "no Python 3.8 among the candidates"
+    host, section = _refused_in(
+        refusals,
+        name,
+        "Refuse a node without Python 3.8 or newer",
+        f"no Python 3.8 or newer on {refusals.aliases[name]}",
     )
 
-    _refused(play, "Refuse a node without Python 3.8 or newer", "no Python 3.8 or newer on localhost")
     for path, version in old_pythons.items():
-        assert f"{path}: {version}" in play.stdout
-    assert "set arch_guard_python to one, or arch_guard_python_package to a package" in play.stdout
-    _assert_nothing_written(host, slurm_conf)
+        assert f"{path}: {version}" in section
+    assert "set arch_guard_python to one, or arch_guard_python_package to a package" in section
+    _assert_nothing_written(host, SLURM_CONF + f"TaskProlog={host.root}/site/prolog.sh\n")
 
 
-def test_a_python_3_7_given_as_arch_guard_python_is_refused(host, old_pythons):
+@REFUSAL
+def test_a_python_3_7_given_as_arch_guard_python_is_refused(refusals, old_pythons):
     old, version = next(iter(old_pythons.items()))
 
-    play = host.run(arch_guard_python=old)
+    host, section = _refused_in(
+        refusals,
+        "a Python 3.7 as arch_guard_python",
+        "Refuse a node without Python 3.8 or newer",
+        f"{old}: {version}",
+    )
 
-    _refused(play, "Refuse a node without Python 3.8 or newer", f"{old}: {version}")
-    assert "set arch_guard_python to one" in play.stdout
+    assert "set arch_guard_python to one" in section
     _assert_nothing_written(host)
 
 
-def test_an_arch_guard_python_that_does_not_exist_is_refused(host):
-    missing = host.root / "no-python"
+@REFUSAL
+def test_an_arch_guard_python_that_does_not_exist_is_refused(refusals):
+    host = refusals.hosts["a missing arch_guard_python"]
 
-    play = host.run(arch_guard_python=str(missing))
-
-    _refused(play, "Refuse a node without Python 3.8 or newer", f"{missing}: does not run")
+    _refused_in(
+        refusals,
+        "a missing arch_guard_python",
+        "Refuse a node without Python 3.8 or newer",
+        f"{host.root / 'no-python'}: does not run",
+    )
     _assert_nothing_written(host)
 
 
-# ------------------------------------------------------------------ the prefix
+# the prefix
+
+UNSAFE_PREFIX_KINDS = ["writable by others", "writable by its group", "a user's", "a symlink"]
 
 
-@pytest.mark.parametrize("kind", ["writable by others", "writable by its group", "a user's", "a symlink"])
-def test_a_prefix_that_users_could_replace_is_refused(host, kind):
+def _unsafe_prefix(kind):
+    def arrange(host, _old):
+        unsafe = host.root / "unsafe"
+        if kind == "a symlink":
+            (host.root / "real").mkdir()
+            unsafe.symlink_to(host.root / "real")
+        else:
+            unsafe.mkdir()
+            # Not sticky: whoever may write here may rename what root makes in it.
+            unsafe.chmod({"writable by others": 0o777, "writable by its group": 0o775}.get(kind, 0o755))
+            if kind == "a user's":
+                os.chown(unsafe, 65534, 65534)
+        return {"arch_guard_prefix": str(unsafe / "arch-guard")}
+
+    return arrange
+
+
+for _kind in UNSAFE_PREFIX_KINDS:
+    _case(f"a prefix {_kind}", _unsafe_prefix(_kind))
+
+
+@REFUSAL
+@pytest.mark.parametrize("kind", UNSAFE_PREFIX_KINDS)
+def test_a_prefix_that_users_could_replace_is_refused(refusals, kind):
+    host = refusals.hosts[f"a prefix {kind}"]
     unsafe = host.root / "unsafe"
-    if kind == "a symlink":
-        (host.root / "real").mkdir()
-        unsafe.symlink_to(host.root / "real")
-    else:
-        unsafe.mkdir()
-        # Not sticky: whoever may write here may rename what root makes in it.
-        unsafe.chmod({"writable by others": 0o777, "writable by its group": 0o775}.get(kind, 0o755))
-        if kind == "a user's":
-            os.chown(unsafe, 65534, 65534)
-    prefix = unsafe / "arch-guard"
 
-    play = host.run(arch_guard_prefix=str(prefix))
+    _, section = _refused_in(
+        refusals,
+        f"a prefix {kind}",
+        "Refuse a prefix that users could replace",
+        f"arch_guard: {unsafe} must be a directory",
+    )
 
-    _refused(play, "Refuse a prefix that users could replace", f"arch_guard: {unsafe} must be a directory")
-    assert "owned by root and writable by root alone" in play.stdout
-    assert not os.path.lexists(prefix)
+    assert "owned by root and writable by root alone" in section
+    assert not os.path.lexists(unsafe / "arch-guard")
     assert not os.path.lexists(host.root / "real" / "arch-guard")
     _assert_nothing_written(host)
+
+
+# the settings
+
+UNUSABLE_SETTINGS = [
+    {"arch_guard_prefix": "opt/arch-guard"},
+    {"arch_guard_state_dir": "state"},
+    {"arch_guard_python": "python3"},
+    {"arch_guard_python_candidates": ["/usr/bin/python3", "python3"]},
+    {"arch_guard_chain_task_prolog": "site/prolog.sh"},
+    {"arch_guard_manage_slurm_conf": True, "arch_guard_slurm_conf": "slurm.conf"},
+    {"arch_guard_timeout": 0},
+    {"arch_guard_timeout": -1},
+    {"arch_guard_timeout": 90000},
+    {"arch_guard_manage_slurm_conf": True, "arch_guard_chain_task_prolog": "/bin/true"},
+]
+
+
+def _settings_id(settings) -> str:
+    return ",".join(f"{name[len('arch_guard_') :]}={value}" for name, value in settings.items())
+
+
+for _settings in UNUSABLE_SETTINGS:
+    _case(f"settings {_settings_id(_settings)}", lambda host, old, settings=_settings: dict(settings))
+
+
+@REFUSAL
+@pytest.mark.parametrize("settings", UNUSABLE_SETTINGS, ids=_settings_id)
+def test_settings_the_role_cannot_use_are_refused_first(refusals, settings):
+    host, section = _refused_in(
+        refusals,
+        f"settings {_settings_id(settings)}",
+        "Check the settings",
+        "must be absolute paths (the prefix not /)",
+    )
+
+    assert "arch_guard_timeout must be more than 0 and at most" in section
+    assert "arch_guard_chain_task_prolog is for a slurm.conf the role does not own" in section
+    _assert_nothing_written(host)
+
+
+# slurm.conf
+
+
+def _two_task_prolog_lines(host, _old):
+    site = _executable(host.root / "site" / "prolog.sh", "#!/bin/sh\n")
+    host.slurm_conf.write_text(SLURM_CONF + f"TaskProlog={site}\ntaskprolog = /usr/local/sbin/other\n")
+    return {"arch_guard_manage_slurm_conf": True}
+
+
+_case("two TaskProlog lines", _two_task_prolog_lines)
+
+
+@REFUSAL
+def test_a_slurm_conf_with_two_task_prolog_lines_is_refused(refusals):
+    host = refusals.hosts["two TaskProlog lines"]
+
+    _, section = _refused_in(
+        refusals,
+        "two TaskProlog lines",
+        "Refuse more than one TaskProlog line",
+        f"{host.slurm_conf} has 2 TaskProlog lines",
+    )
+
+    assert "keep one, then run the role again" in section
+    site = host.root / "site" / "prolog.sh"
+    _assert_nothing_written(host, SLURM_CONF + f"TaskProlog={site}\ntaskprolog = /usr/local/sbin/other\n")
+
+
+UNREADABLE_SLURM_CONF = {
+    "missing": "file not found",
+    "a FIFO": "not a regular file",
+    "a directory": "not a regular file",
+}
+
+
+def _unreadable_slurm_conf(kind):
+    def arrange(host, _old):
+        host.slurm_conf.unlink()
+        if kind == "a FIFO":
+            os.mkfifo(host.slurm_conf, 0o644)
+        elif kind == "a directory":
+            host.slurm_conf.mkdir()
+        return {"arch_guard_manage_slurm_conf": True}
+
+    return arrange
+
+
+for _kind in UNREADABLE_SLURM_CONF:
+    _case(f"slurm.conf {_kind}", _unreadable_slurm_conf(_kind))
+
+
+@REFUSAL
+@pytest.mark.parametrize("kind", list(UNREADABLE_SLURM_CONF))
+def test_a_slurm_conf_the_survey_cannot_read_is_refused_without_waiting_on_it(refusals, kind):
+    """The survey reads slurm.conf only when it is a regular file: a FIFO there would hang a
+    read until some writer came (the batch's timeout says it did not)."""
+    host = refusals.hosts[f"slurm.conf {kind}"]
+
+    _refused_in(
+        refusals,
+        f"slurm.conf {kind}",
+        "Refuse a slurm.conf that cannot be read",
+        f"arch_guard: cannot read {host.slurm_conf} ({UNREADABLE_SLURM_CONF[kind]}: {host.slurm_conf})",
+    )
+    assert host.written() == []
+
+
+UNRUNNABLE_PROLOG_KINDS = ["not executable", "missing", "a directory"]
+
+
+def _unrunnable_prolog_in_slurm_conf(kind):
+    def arrange(host, _old):
+        site = host.root / "site" / "prolog.sh"
+        if kind == "a directory":
+            site.mkdir(parents=True)
+        elif kind == "not executable":
+            _executable(site, "#!/bin/sh\necho print site\n").chmod(0o644)
+        host.slurm_conf.write_text(SLURM_CONF + f'TaskProlog = "{site}"   # the site\'s own\n')
+        return {"arch_guard_manage_slurm_conf": True}
+
+    return arrange
+
+
+for _kind in UNRUNNABLE_PROLOG_KINDS:
+    _case(f"slurm.conf's TaskProlog {_kind}", _unrunnable_prolog_in_slurm_conf(_kind))
+
+
+@REFUSAL
+@pytest.mark.parametrize("kind", UNRUNNABLE_PROLOG_KINDS)
+def test_a_task_prolog_in_slurm_conf_that_cannot_run_is_refused(refusals, kind):
+    host = refusals.hosts[f"slurm.conf's TaskProlog {kind}"]
+    site = host.root / "site" / "prolog.sh"
+
+    _refused_in(
+        refusals,
+        f"slurm.conf's TaskProlog {kind}",
+        "Refuse a TaskProlog to chain that cannot run",
+        f"the TaskProlog to run before the guard, {site}, is not an executable file for all users",
+    )
+    _assert_nothing_written(host, SLURM_CONF + f'TaskProlog = "{site}"   # the site\'s own\n')
+
+
+def _unrunnable_prolog_to_chain(host, _old):
+    site = _executable(host.root / "site" / "prolog.sh", "#!/bin/sh\n")
+    site.chmod(0o744)
+    return {"arch_guard_chain_task_prolog": str(site)}
+
+
+_case("a TaskProlog to chain that cannot run", _unrunnable_prolog_to_chain)
+
+
+@REFUSAL
+def test_a_task_prolog_to_chain_that_cannot_run_is_refused(refusals):
+    host = refusals.hosts["a TaskProlog to chain that cannot run"]
+    site = host.root / "site" / "prolog.sh"
+
+    _refused_in(
+        refusals,
+        "a TaskProlog to chain that cannot run",
+        "Refuse a TaskProlog to chain that cannot run",
+        f"{site}, is not an executable file",
+    )
+    _assert_nothing_written(host)
+
+
+# ------------------------------------------------------------------ the prefix: accepted
 
 
 def test_a_prefix_under_a_sticky_directory_writable_by_all_is_accepted(host):
@@ -287,106 +599,6 @@ def test_a_prefix_under_a_sticky_directory_writable_by_all_is_accepted(host):
 
     _succeeded(play)
     assert host.launcher.is_file()
-
-
-# ------------------------------------------------------------------ the settings
-
-
-@pytest.mark.parametrize(
-    "settings",
-    [
-        {"arch_guard_prefix": "opt/arch-guard"},
-        {"arch_guard_state_dir": "state"},
-        {"arch_guard_python": "python3"},
-        {"arch_guard_python_candidates": ["/usr/bin/python3", "python3"]},
-        {"arch_guard_chain_task_prolog": "site/prolog.sh"},
-        {"arch_guard_manage_slurm_conf": True, "arch_guard_slurm_conf": "slurm.conf"},
-        {"arch_guard_timeout": 0},
-        {"arch_guard_timeout": -1},
-        {"arch_guard_timeout": 90000},
-        {"arch_guard_manage_slurm_conf": True, "arch_guard_chain_task_prolog": "/bin/true"},
-    ],
-    ids=lambda settings: ",".join(
-        f"{name[len('arch_guard_') :]}={value}" for name, value in settings.items()
-    ),
-)
-def test_settings_the_role_cannot_use_are_refused_first(host, settings):
-    play = host.run(**settings)
-
-    _refused(play, "Check the settings", "must be absolute paths (the prefix not /)")
-    assert "arch_guard_timeout must be more than 0 and at most" in play.stdout
-    assert "arch_guard_chain_task_prolog is for a slurm.conf the role does not own" in play.stdout
-    _assert_nothing_written(host)
-
-
-# ------------------------------------------------------------------ slurm.conf
-
-
-def test_a_slurm_conf_with_two_task_prolog_lines_is_refused(host):
-    site = _executable(host.root / "site" / "prolog.sh", "#!/bin/sh\n")
-    slurm_conf = SLURM_CONF + f"TaskProlog={site}\ntaskprolog = /usr/local/sbin/other\n"
-    host.slurm_conf.write_text(slurm_conf)
-
-    play = host.run(arch_guard_manage_slurm_conf=True)
-
-    _refused(play, "Refuse more than one TaskProlog line", f"{host.slurm_conf} has 2 TaskProlog lines")
-    assert "keep one, then run the role again" in play.stdout
-    _assert_nothing_written(host, slurm_conf)
-
-
-@pytest.mark.parametrize("kind", ["missing", "a FIFO", "a directory"])
-def test_a_slurm_conf_the_survey_cannot_read_is_refused_without_waiting_on_it(host, kind):
-    """The survey reads slurm.conf only when it is a regular file: a FIFO there would hang a
-    read until some writer came (the run's timeout says it did not)."""
-    host.slurm_conf.unlink()
-    reason = {
-        "missing": "file not found",
-        "a FIFO": "not a regular file",
-        "a directory": "not a regular file",
-    }
-    if kind == "a FIFO":
-        os.mkfifo(host.slurm_conf, 0o644)
-    elif kind == "a directory":
-        host.slurm_conf.mkdir()
-
-    play = host.run(arch_guard_manage_slurm_conf=True)
-
-    _refused(
-        play,
-        "Refuse a slurm.conf that cannot be read",
-        f"arch_guard: cannot read {host.slurm_conf} ({reason[kind]}: {host.slurm_conf})",
-    )
-    assert host.written() == []
-
-
-@pytest.mark.parametrize("kind", ["not executable", "missing", "a directory"])
-def test_a_task_prolog_in_slurm_conf_that_cannot_run_is_refused(host, kind):
-    site = host.root / "site" / "prolog.sh"
-    if kind == "a directory":
-        site.mkdir(parents=True)
-    elif kind == "not executable":
-        _executable(site, "#!/bin/sh\necho print site\n").chmod(0o644)
-    slurm_conf = SLURM_CONF + f'TaskProlog = "{site}"   # the site\'s own\n'
-    host.slurm_conf.write_text(slurm_conf)
-
-    play = host.run(arch_guard_manage_slurm_conf=True)
-
-    _refused(
-        play,
-        "Refuse a TaskProlog to chain that cannot run",
-        f"the TaskProlog to run before the guard, {site}, is not an executable file for all users",
-    )
-    _assert_nothing_written(host, slurm_conf)
-
-
-def test_a_task_prolog_to_chain_that_cannot_run_is_refused(host):
-    site = _executable(host.root / "site" / "prolog.sh", "#!/bin/sh\n")
-    site.chmod(0o744)
-
-    play = host.run(arch_guard_chain_task_prolog=str(site))
-
-    _refused(play, "Refuse a TaskProlog to chain that cannot run", f"{site}, is not an executable file")
-    _assert_nothing_written(host)
 
 
 # ------------------------------------------------------------------ check mode

@@ -4,15 +4,23 @@ Each refusal is one failed task whose message says what is wrong and what to set
 comes before the role writes anything: the command's directory, the command and the state
 root are not created. Check mode on a new host reports what it would change and writes
 nothing either. A new release of the collection's core is installed again on the next run,
-and the run after that changes nothing. (The first install, its second run and what the
+and the run after that changes nothing; that test starts from a virtual environment that
+already holds EasyBuild. (The first install, EasyBuild's with it, its second run and what the
 installed command does are the molecule scenario's: test_molecule_build_host.py.)
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from importlib import metadata
+from pathlib import Path
 
 import pytest
+import yaml
 
 import checkout
 import pythons
@@ -160,9 +168,24 @@ def _task_changed(play, task):
     return section[1].split("\nTASK [", 1)[0].lstrip("* \n").startswith("changed:")
 
 
+def _venv_holding_easybuild(venv: Path) -> None:
+    """A virtual environment as the role's first run leaves it, without installing EasyBuild
+    again (the molecule scenario's first run does that): made from the role's default
+    interpreter, with .venv's EasyBuild at the pinned release, setuptools and pip on its path
+    (a .pth file) and EasyBuild's ``eb`` (a shell script that runs ``$EB_PYTHON``)."""
+    pinned = yaml.safe_load((checkout.REPO / "roles" / "build_host" / "defaults" / "main.yml").read_text())
+    assert metadata.version("easybuild") == pinned["build_host_easybuild_version"]
+    subprocess.run([pinned["build_host_python"], "-m", "venv", "--without-pip", str(venv)], check=True)
+    [site] = venv.glob("lib/python3*/site-packages")
+    assert site.name == Path(sysconfig.get_paths()["purelib"]).name
+    (site / "hpcstack-test-easybuild.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    shutil.copy2(Path(sys.executable).parent / "eb", venv / "bin" / "eb")
+
+
 def test_a_new_release_of_the_core_is_installed_on_the_next_run(tmp_path):
     collection = checkout.copy_to(tmp_path / "collection")
     host = Host(tmp_path / "host", collection)
+    _venv_holding_easybuild(host.root / "opt" / "venv")
     first = host.run()
     assert (first.done.returncode, first.failed) == (0, 0), first.output
     cli = collection / "plugins" / "module_utils" / "staged_rebuild" / "cli.py"

@@ -17,6 +17,7 @@ whatever happened.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import shutil
@@ -48,8 +49,10 @@ def write_job_inputs(root: Path, lmod) -> dict:
     return targets
 
 
-@pytest.fixture
-def job_root(lmod) -> Iterator[Path]:
+@contextlib.contextmanager
+def job_inputs(lmod) -> Iterator[Path]:
+    """A fresh root holding the job's inputs; on the way out, its Slurm (if any) is stopped
+    and the root removed."""
     root = Path(tempfile.mkdtemp(prefix="hpcstack-mol-", dir="/tmp"))
     root.chmod(0o755)
     try:
@@ -59,3 +62,9 @@ def job_root(lmod) -> Iterator[Path]:
     finally:
         slurm_local("stop", root / "slurm", STOP_TIMEOUT)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def job_root(lmod) -> Iterator[Path]:
+    with job_inputs(lmod) as root:
+        yield root
