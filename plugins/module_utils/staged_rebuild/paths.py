@@ -170,23 +170,33 @@ def retired_module_path(state_root, run_id, module_file):
     return os.path.join(state_root, "retired", run_id[len(RETIRE_RUN_PREFIX) :], module_file.lstrip("/"))
 
 
+def _all_dir_of(module_file):
+    """``<installpath>/modules/all`` of a module file below it: at ``all/<Name>/<file>`` (flat
+    naming) or deeper (``all/Core/<Name>/<file>``, ``all/Compiler/GCC/<version>/<Name>/<file>``:
+    hierarchical naming), the nearest directory up named ``all`` in one named ``modules``."""
+    module_dir = os.path.dirname(module_file)
+    here = os.path.dirname(module_dir)
+    while here != os.path.dirname(here):
+        if os.path.basename(here) == "all" and os.path.basename(os.path.dirname(here)) == "modules":
+            return here
+        here = os.path.dirname(here)
+    raise errors.UsageError(
+        f"module file {module_file} is not in a module tree <installpath>/modules/all/<Name>/; "
+        "refusing to retire it"
+    )
+
+
 def software_root_of(module_file):
     """The software root that a module file's root must lie under: ``<installpath>/software``
-    for a module file at ``<installpath>/modules/all/<Name>/<file>``, as EasyBuild lays it out."""
-    module_dir = os.path.dirname(module_file)
-    all_dir = os.path.dirname(module_dir)
-    if os.path.basename(all_dir) != "all" or module_dir == all_dir:
-        raise errors.UsageError(
-            f"module file {module_file} is not in a module tree <installpath>/modules/all/<Name>/; "
-            "refusing to retire it"
-        )
-    return os.path.join(os.path.dirname(os.path.dirname(all_dir)), "software")
+    for a module file at ``<installpath>/modules/all/.../<Name>/<file>``, as EasyBuild lays it
+    out."""
+    return os.path.join(os.path.dirname(os.path.dirname(_all_dir_of(module_file))), "software")
 
 
 def module_root_of(module_file):
-    """``<installpath>/modules`` of ``<installpath>/modules/all/<Name>/<file>`` (the layout
+    """``<installpath>/modules`` of ``<installpath>/modules/all/.../<Name>/<file>`` (the layout
     ``software_root_of`` checks): the root a module file's directories are opened from."""
-    return os.path.dirname(os.path.dirname(os.path.dirname(module_file)))
+    return os.path.dirname(_all_dir_of(module_file))
 
 
 def require_live_dir(paths):

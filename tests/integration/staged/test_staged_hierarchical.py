@@ -297,3 +297,24 @@ def test_a_compiler_level_module_given_an_easyconfig_that_builds_the_core_one_is
         "nothing was built"
     )
     assert calls == ["--dry-run-short"]
+
+
+# Retire: a hierarchical module file leaves the tree, and its rollback puts it back.
+
+
+def test_a_hierarchical_module_is_retired_and_its_rollback_puts_the_file_back(site, toy_material):
+    module_file = site.modules_all / COMPILER
+    before = module_file.read_bytes()
+
+    retired = result_json(
+        site.run_tool("--json", "retire", str(module_file), "--reason", "superseded", packages=toy_material)
+    )
+
+    assert (retired["state"], module_file.exists()) == ("retired", False)
+    # toy/0.0 now resolves to the Core level's (the Compiler level's file is gone).
+    after_retire = _load(site, None, LOADS[COMPILER], 'echo "$EBROOTTOY"')
+    assert after_retire.stdout.split() == [str(site.software / INSTALLS[CORE])], after_retire.stderr[-2000:]
+    back = result_json(site.run_tool("--json", "rollback", retired["run_id"], packages=toy_material))
+    assert back["state"] == "rolled_back"
+    assert module_file.read_bytes() == before
+    _loads(site, None, COMPILER, site.software / INSTALLS[COMPILER])

@@ -408,3 +408,23 @@ def test_prepare_state_root_refuses_a_file_in_its_place(tmp_path):
 
     with pytest.raises(errors.UsageError, match=f"state root {tmp_path}/state"):
         paths.prepare_state_root(str(tmp_path / "state"))
+
+
+@pytest.mark.parametrize(
+    "below_all",
+    ["zlib/1.3.lua", "Core/toy/0.0", "Compiler/GCC/6.4.0-2.28/toy/0.0.lua", "all/1.0", "Core/all/1.0"],
+    ids=["flat", "core", "compiler", "a-module-named-all", "a-core-module-named-all"],
+)
+def test_a_module_file_s_roots_are_those_of_the_tree_it_is_in_at_any_depth(below_all):
+    module_file = "/apps/modules/all/" + below_all
+
+    assert (paths.software_root_of(module_file), paths.module_root_of(module_file)) == (
+        "/apps/software",
+        "/apps/modules",
+    )
+
+
+@pytest.mark.parametrize("module_file", ["/etc/x.lua", "/apps/modules/all/x.lua", "/apps/all/zlib/1.3.lua"])
+def test_a_module_file_outside_a_module_tree_has_no_software_root(module_file):
+    with pytest.raises(errors.UsageError, match="is not in a module tree"):
+        paths.software_root_of(module_file)
