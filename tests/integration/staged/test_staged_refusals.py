@@ -210,9 +210,13 @@ MODULE_VALUES = {
     "trailing-slash": "TinyApp/1.0/",
     "empty": "",
 }
+# Three plain parts are a hierarchical name (Core/toy/0.0): refused as no live module file.
+_HIERARCHICAL_VALUES = {"a/b/c": "matches no live module file"}
 for _label, _value in MODULE_VALUES.items():
 
     def _module_value(bench, value=_value):
+        if value in _HIERARCHICAL_VALUES:
+            return Attempt(bench.rebuild_with([value]), (_HIERARCHICAL_VALUES[value], f"--module {value} "))
         return Attempt(bench.rebuild_with([value]), ("not NAME/VERSION", repr(value)))
 
     case(f"rebuild-module-value-{_label}")(_module_value)

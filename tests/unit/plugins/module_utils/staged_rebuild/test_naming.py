@@ -192,7 +192,7 @@ def test_module_paths_of_a_compiler_level_module(trees):
     ],
 )
 def test_a_module_of_the_build_s_scheme_is_accepted(scheme, module):
-    naming.check_scheme(scheme, None, [module])
+    assert naming.check_scheme(scheme, None, [module]) is None  # no refusal raised
 
 
 @pytest.mark.parametrize(
@@ -264,7 +264,8 @@ def test_a_hierarchical_name_under_easybuild_s_default_scheme_is_refused():
 
 
 def test_a_configuration_easybuild_could_not_show_refuses_nothing():
-    rebuild.refuse_configured_scheme(_request([CORE]), {"text": None, "error": "eb --show-config failed"})
+    shown = {"text": None, "error": "eb --show-config failed"}
+    assert rebuild.refuse_configured_scheme(_request([CORE]), shown) is None  # no refusal raised
 
 
 # several hierarchical modules in one run: dependencies first
