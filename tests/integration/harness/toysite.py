@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import stackenv
+from tests.integration.harness.ebsite import EbSite
 
 MATERIAL_VARIABLE = "HPCSTACK_TEST_MATERIAL"
 TCLSH = "/usr/bin/tclsh"
@@ -211,3 +212,16 @@ class PristineSite:
                 entry.unlink()
         subprocess.run(["cp", "-a", f"{self.keep}/.", str(self.site.root)], check=True)
         return self.site
+
+
+def new_site(lmod, tmp_path_factory, label) -> EbSite:
+    """An empty site of the root user in a new temporary directory named after ``label``,
+    with the collection's package linked in."""
+    import checkout  # noqa: PLC0415 - the integration conftest puts testbed/ on sys.path
+
+    root = tmp_path_factory.mktemp(label)
+    site = EbSite(root=root, user=None, lmod=lmod, eb=stackenv.find_eb())
+    for name in ("home", "tmp"):
+        (root / name).mkdir()
+    checkout.link_package(site.package_root)
+    return site

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.harness import toysite
-from tests.integration.harness.ebsite import EbSite, result_json
+from tests.integration.harness.ebsite import result_json
 
 CORE = "Core/toy/0.0"
 COMPILER = "Compiler/GCC/6.4.0-2.28/toy/0.0"
@@ -52,14 +52,8 @@ def _install(site, material, module):
 @pytest.fixture(scope="module")
 def hmns_site(lmod, toy_material, tmp_path_factory):
     """The hierarchical site, built once; ``pristine`` holds a copy of its trees."""
-    import checkout  # noqa: PLC0415 - the integration conftest puts testbed/ on sys.path
-    import stackenv  # noqa: PLC0415
-
-    root = tmp_path_factory.mktemp("hmns-site")
-    site = EbSite(root=root, user=None, lmod=lmod, eb=stackenv.find_eb())
-    for name in ("home", "tmp"):
-        (root / name).mkdir()
-    checkout.link_package(site.package_root)
+    site = toysite.new_site(lmod, tmp_path_factory, "hmns-site")
+    root = site.root
     modules_all = site.modules_all
     for level in ("Core", "Compiler", "MPI"):
         shutil.copytree(toy_material.framework / "modules" / level, modules_all / level, symlinks=True)

@@ -41,18 +41,6 @@ def _logs(site, module) -> set:
     return {path.name for path in (site.live(module) / "easybuild").glob("easybuild-*.log")}
 
 
-def _new_site(lmod, tmp_path_factory, label) -> EbSite:
-    import checkout  # noqa: PLC0415 - the integration conftest puts testbed/ on sys.path
-    import stackenv  # noqa: PLC0415
-
-    root = tmp_path_factory.mktemp(label)
-    site = EbSite(root=root, user=None, lmod=lmod, eb=stackenv.find_eb())
-    for name in ("home", "tmp"):
-        (root / name).mkdir()
-    checkout.link_package(site.package_root)
-    return site
-
-
 def _with_toolchains(site, material) -> dict:
     """``MODULEPATH``: the live modules, then the material's fake toolchains (gompi/2018a)."""
     return {"MODULEPATH": f"{site.modules_all}:{toysite.fake_toolchain_modules(material)}"}
@@ -118,7 +106,7 @@ def _assert_published_and_rolled_back(
 
 @pytest.fixture(scope="module")
 def tcl_tree(lmod, toy_material, tmp_path_factory) -> toysite.PristineSite:
-    site = _new_site(lmod, tmp_path_factory, "tcl-site")
+    site = toysite.new_site(lmod, tmp_path_factory, "tcl-site")
     tcl = ["--module-syntax=Tcl"]
     toysite.install_easyconfigs(
         site,
@@ -200,7 +188,7 @@ def test_libtoy_and_toy_app_in_either_order_are_rebuilt_published_and_rolled_bac
 
 @pytest.fixture(scope="module")
 def lua_tree(lmod, toy_material, tmp_path_factory) -> toysite.PristineSite:
-    site = _new_site(lmod, tmp_path_factory, "lua-site")
+    site = toysite.new_site(lmod, tmp_path_factory, "lua-site")
     toysite.install(site, toy_material, TOY)
     assert (site.modules_all / "toy" / "0.0.lua").is_file()
     return toysite.PristineSite(site, tmp_path_factory.mktemp("lua-site-as-built"))
@@ -233,14 +221,7 @@ def test_a_lua_module_rebuilt_under_a_tcl_default_is_published_as_lua(
 @pytest.fixture(scope="module")
 def mixed_site(lmod, toy_material, tmp_path_factory):
     """toy with a Tcl module file and libtoy with a Lua one, built once for the refusals."""
-    import checkout  # noqa: PLC0415 - the integration conftest puts testbed/ on sys.path
-    import stackenv  # noqa: PLC0415
-
-    root = tmp_path_factory.mktemp("mixed-site")
-    site = EbSite(root=root, user=None, lmod=lmod, eb=stackenv.find_eb())
-    for name in ("home", "tmp"):
-        (root / name).mkdir()
-    checkout.link_package(site.package_root)
+    site = toysite.new_site(lmod, tmp_path_factory, "mixed-site")
     toysite.install(site, toy_material, TOY, eb_args=["--module-syntax=Tcl"])
     toysite.install(site, toy_material, LIBTOY, eb_args=["--module-syntax=Lua"])
     return site
@@ -439,7 +420,7 @@ def _prefix_env(site) -> dict:
 
 @pytest.fixture(scope="module")
 def prefix_tree(lmod, toy_material, tmp_path_factory) -> toysite.PristineSite:
-    site = _new_site(lmod, tmp_path_factory, "prefix-site")
+    site = toysite.new_site(lmod, tmp_path_factory, "prefix-site")
     prefix = site.root / "eb-prefix"
     shutil.copytree(toy_material.sources, prefix / "sources", symlinks=True)
     toysite.install_easyconfigs(site, toy_material, [toy_material.easyconfig("toy")], env=_prefix_env(site))
