@@ -225,3 +225,23 @@ def new_site(lmod, tmp_path_factory, label) -> EbSite:
         (root / name).mkdir()
     checkout.link_package(site.package_root)
     return site
+
+
+def assert_refused(site, material, args, env=None) -> tuple[str, list]:
+    """Run the rebuild ``args`` with a counting ``eb`` (``counting_eb``) and assert a refusal:
+    exit 2, nothing on stdout, one ``eb-staged-rebuild:`` line, the trees as before and no
+    journal. Returns the line and the arguments' last words of each start of EasyBuild."""
+    eb, started = counting_eb(site)
+    before = site.snapshot()
+    args = [arg if not arg.startswith("--eb=") else f"--eb={eb}" for arg in args]
+
+    done = site.run_tool(*args, packages=material, env=dict(material.env(), **(env or {})))
+
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("eb-staged-rebuild: ")
+    assert site.snapshot() == before
+    assert not site.journals()
+    return lines[0], started.read_text().splitlines() if started.exists() else []

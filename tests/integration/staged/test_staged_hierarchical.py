@@ -213,25 +213,12 @@ def test_migrate_from_eb_to_hmns_rebuilds_the_core_module(site, toy_material, en
 
 
 def _refused(site, material, module, eb_args=(), *, env=None, spelled=None):
-    eb, started = toysite.counting_eb(site)
-    before = site.snapshot()
     args = _args(site, material, module, "userns", eb_args, spelled=spelled)
-    args = [arg if not arg.startswith("--eb=") else f"--eb={eb}" for arg in args]
-
-    done = site.run_tool(*args, packages=material, env=dict(material.env(), **(env or {})))
-
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert done.stdout == ""
-    lines = done.stderr.splitlines()
-    assert len(lines) == 1, done.stderr
-    assert lines[0].startswith("eb-staged-rebuild: ")
+    line, calls = toysite.assert_refused(site, material, args, env)
     # EasyBuild built nothing: it ran at most to say its version, its configuration or its
     # dry run. Returned: how often it showed each of the last two.
-    calls = started.read_text().splitlines() if started.exists() else []
     assert all(call.endswith(ASKED) for call in calls), calls
-    assert site.snapshot() == before
-    assert not site.journals()
-    return lines[0], [asked for asked in ASKED[1:] for call in calls if call.endswith(asked)]
+    return line, [asked for asked in ASKED[1:] for call in calls if call.endswith(asked)]
 
 
 def test_an_ambiguous_short_name_is_refused_listing_both_levels(site, toy_material):

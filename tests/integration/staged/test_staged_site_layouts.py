@@ -228,22 +228,10 @@ def mixed_site(lmod, toy_material, tmp_path_factory):
 
 
 def _refused_before_easybuild(site, material, modules, eb_args, env=None, backend="userns"):  # noqa: PLR0917
-    eb, started = toysite.counting_eb(site)
-    before = site.snapshot()
     args = site.rebuild_args(modules, material, backend=backend, eb_args=eb_args)
-    args = [arg if not arg.startswith("--eb=") else f"--eb={eb}" for arg in args]
-
-    done = site.run_tool(*args, packages=material, env=dict(material.env(), **(env or {})))
-
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert done.stdout == ""
-    lines = done.stderr.splitlines()
-    assert len(lines) == 1, done.stderr
-    assert lines[0].startswith("eb-staged-rebuild: ")
-    assert not started.exists()  # EasyBuild never ran
-    assert site.snapshot() == before
-    assert not site.journals()
-    return lines[0]
+    line, calls = toysite.assert_refused(site, material, args, env)
+    assert calls == []  # EasyBuild never ran
+    return line
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
