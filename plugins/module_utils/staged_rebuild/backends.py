@@ -153,7 +153,21 @@ class Build:
         # Every install path explicitly, data included: what is not given, EasyBuild derives
         # from the site's --prefix (kept, for its sources and build paths), a live path.
         data = ["--installpath-data=" + os.path.join(self.generation, "data")]
-        return module_syntax.placement(self.syntax) + data + self._install_placement()
+        return (
+            module_syntax.placement(self.syntax) + data + self._neutral_settings() + self._install_placement()
+        )
+
+    def _neutral_settings(self):
+        """EasyBuild's defaults, explicitly, for the settings that would make it write or remove
+        elsewhere than the stage. The user's options for them are removed
+        (``easybuild.filter_args``), but a configuration file may set them too, and an option
+        beats the file: module files under another suffix than ``all`` (not where the live ones
+        are), EasyBuild's own bubblewrap mode around another backend's sandbox, and the removal
+        of install directories that have no module file."""
+        neutral = ["--suffix-modules-path=all", "--disable-remove-ghost-install-dirs"]
+        if self.backend != "bwrap":
+            neutral.append("--disable-bwrap")  # the bwrap backend turns it on itself, below
+        return neutral
 
     def _install_placement(self):
         if self.backend == "installpath":

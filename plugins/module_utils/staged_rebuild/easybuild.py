@@ -20,7 +20,7 @@ import os
 import re
 
 # Options whose value is a path or a redirection (they take a value).
-_REDIRECTING_PREFIXES = ("--installpath", "--subdir-", "--bwrap")
+_REDIRECTING_PREFIXES = ("--installpath", "--subdir-", "--suffix-modules-path", "--bwrap")
 # Flags without a value that would touch the live install.
 _REDIRECTING_FLAGS = ("--remove-ghost-install-dirs",)
 _FORCING = ("--rebuild", "--force", "-f")
@@ -38,6 +38,7 @@ _REDIRECTING_NAMES = (
     "--subdir-modules",
     "--subdir-software",
     "--subdir-user-modules",
+    "--suffix-modules-path",
     "--bwrap",
     "--bwrap-installpath",
     "--bwrap-options",

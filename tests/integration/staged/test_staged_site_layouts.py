@@ -441,8 +441,9 @@ def test_a_site_configured_by_its_prefix_rebuilds_with_the_sources_under_that_pr
 
 
 def _site_config(site, material) -> str:
-    """A site's ``config.cfg``: its sources path, and install paths that name another tree
-    (``decoy``, which a staged build must not write into)."""
+    """A site's ``config.cfg``: its sources path, install paths that name another tree
+    (``decoy``, which a staged build must not write into), and the settings that would make
+    EasyBuild write elsewhere than the stage or remove what it finds there (``SITE_REDIRECTS``)."""
     decoy = site.root / "decoy"
     return (
         "[config]\n"
@@ -450,7 +451,17 @@ def _site_config(site, material) -> str:
         f"installpath = {decoy}\n"
         f"installpath-software = {decoy}/software\n"
         f"installpath-modules = {decoy}/modules\n"
+        + "".join(f"{name} = {value}\n" for name, value in SITE_REDIRECTS.items())
     )
+
+
+# A module path suffix other than ``all`` (module files elsewhere than the live ones),
+# EasyBuild's own bubblewrap mode (a second sandbox around the userns one) and the removal of
+# install directories without a module file: each would make the staged build write or remove
+# elsewhere than the stage.
+SITE_REDIRECTS = {"suffix-modules-path": "site-modules", "bwrap": "True", "remove-ghost-install-dirs": "True"}
+# What the staged command gives for each, overriding the file.
+STAGED_VALUES = {"suffix-modules-path": "all", "remove-ghost-install-dirs": "False"}
 
 
 def _configured_by_file(site, material, where) -> dict:
@@ -518,4 +529,8 @@ def test_the_dry_run_shows_the_configuration_file_s_sources_and_the_staged_insta
     assert settings["installpath-data"] == ("C", os.path.join(generation, "data"))
     # The file's installpath is still listed; EasyBuild derives nothing from it, all three are given.
     assert settings["installpath"] == ("F", str(lua_site.root / "decoy"))
+    # The file's redirecting settings are overridden: EasyBuild lists a setting only while it
+    # differs from its default, and the staged values are the defaults.
+    for name, value in dict(STAGED_VALUES, bwrap="False").items():
+        assert settings.get(name, ("D", value))[1] == value, name
     assert list((lua_site.root / "decoy").rglob("*")) == []

@@ -22,6 +22,8 @@ from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import backends, paths
 
 CHILD_TIMEOUT = 120
+# EasyBuild's defaults, given explicitly by every backend: a configuration file's value loses to them.
+NEUTRAL = ("--suffix-modules-path=all", "--disable-remove-ghost-install-dirs")
 # As root: fork a child into a new user namespace, map uids/gids 0-65535 from outside (only
 # the parent, outside, may write a map that wide), set its user.max_user_namespaces to 0,
 # drop to argv[1]'s uid/gid and run backends.select(argv[2]) with PATH argv[3].
@@ -209,6 +211,8 @@ def test_installpath_places_software_and_modules_in_the_generation(tmp_path):
     assert build.placement_args() == [
         "--module-syntax=Lua",
         f"--installpath-data={generation}/data",
+        *NEUTRAL,
+        "--disable-bwrap",
         f"--installpath-software={generation}/software",
         f"--installpath-modules={generation}/modules",
     ]
@@ -221,6 +225,8 @@ def test_userns_places_software_at_the_live_path_and_modules_and_locks_in_the_ge
     assert build.placement_args() == [
         "--module-syntax=Lua",
         f"--installpath-data={generation}/data",
+        *NEUTRAL,
+        "--disable-bwrap",
         f"--installpath-software={tmp_path}/apps/software",
         f"--installpath-modules={generation}/modules",
         f"--locks-dir={generation}/software/.locks",
@@ -250,6 +256,7 @@ def test_bwrap_uses_easybuild_s_bubblewrap_mode_with_the_live_trees_read_only(tm
     assert build.placement_args() == [
         "--module-syntax=Lua",
         f"--installpath-data={generation}/data",
+        *NEUTRAL,
         f"--installpath-modules={modules}",
         f"--locks-dir={generation}/software/.locks",
         "--experimental",
@@ -310,7 +317,8 @@ def test_bwrap_refuses_a_tree_path_with_a_comma(tmp_path, tree):
 def test_a_comma_in_the_install_path_is_no_problem_for_the_other_backends(tmp_path, backend):
     build = _build(backend, tmp_path, installpath=tmp_path / "apps,2")
 
-    assert build.placement_args()[2].startswith(f"--installpath-software={tmp_path}/apps,2/software")
+    (software,) = [arg for arg in build.placement_args() if arg.startswith("--installpath-software=")]
+    assert software.startswith(f"--installpath-software={tmp_path}/apps,2/software")
 
 
 def test_the_command_puts_the_placement_after_the_user_s_safe_arguments(tmp_path):

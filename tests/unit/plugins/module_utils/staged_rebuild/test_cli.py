@@ -430,6 +430,9 @@ def _expected_command(site, *kept):
         "--rebuild",
         "--module-syntax=Lua",
         f"--installpath-data={generation}/data",
+        "--suffix-modules-path=all",
+        "--disable-remove-ghost-install-dirs",
+        "--disable-bwrap",
         f"--installpath-software={generation}/software",
         f"--installpath-modules={generation}/modules",
     ]

@@ -27,6 +27,7 @@ VALUED = (
     "--subdir-modules",
     "--subdir-data",
     "--subdir-user-modules",
+    "--suffix-modules-path",
     "--bwrap-installpath",
     "--bwrap-options",
 )
