@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import tempfile
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
-from ..common import errors, proc
-from ..common.deadline import Deadline, DeadlineExceeded
+from ..common import errors
 from ..common.errors import setting
 from . import (
     backends,
     buildrun,
     easybuild,
+    ebquery,
     fsutil,
     locking,
     naming,
@@ -42,7 +40,6 @@ from .journal import Journal, ModuleEntry, RunKind, RunState, StepKind
 from .request import RebuildRequest
 
 _SHOWN_BINARIES = 10
-_SHOW_CONFIG_TIMEOUT = 120
 # Why the installpath backend cannot publish most compiled packages, and what the host needs.
 UNRELOCATED_WHY = (
     "EasyBuild writes the install path into binaries (RPATH, on by default since EasyBuild 5), and "
@@ -85,30 +82,19 @@ def easybuild_configuration(request: RebuildRequest, backend: str, env: Mapping[
     """``eb --show-config`` of the staged command in the staged environment: the configuration
     EasyBuild would build with (``text``; each line says where the value came from: C for an
     option, E for a variable, F for a configuration file, D for a default), or ``error``.
-
-    EasyBuild only reads its configuration for this and exits, building nothing; it leaves its
-    temporary directory behind, so it is given one of its own, removed after it, and that one
-    line is left out of the text. Given as ``EASYBUILD_TMPDIR`` and ``TMPDIR`` as well as
-    ``--tmpdir``: EasyBuild makes its first temporary directories while it parses its options,
-    from the variable (or the site's configuration) and Python's ``TMPDIR``, before
-    ``--tmpdir`` is read.
-    """
+    EasyBuild only reads its configuration for this and exits, building nothing
+    (``ebquery.ask``); the line of its scratch ``tmpdir`` is left out of the text."""
     build = _build(backend, request, request.run_id or "")
-    scratch = tempfile.mkdtemp(prefix="eb-staged-rebuild-show-config-")
-    argv = [*build.command(request.eb, request.eb_args), "--tmpdir=" + scratch, "--show-config"]
-    child_env = build.environment(dict(env), request.eb)
-    child_env["EASYBUILD_TMPDIR"] = child_env["TMPDIR"] = scratch
     try:
-        done = proc.run_child(argv, env=child_env, deadline=Deadline(_SHOW_CONFIG_TIMEOUT))
-    except OSError as err:
-        return {"text": None, "error": f"cannot run {request.eb}: {err.strerror}"}
-    except DeadlineExceeded:
-        return {"text": None, "error": f"eb --show-config did not finish within {_SHOW_CONFIG_TIMEOUT} s"}
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    if done.returncode != 0:
-        said = proc.summary(done.stdout + done.stderr)
-        return {"text": None, "error": f"eb --show-config failed (exit {done.returncode}): {said}"}
+        done = ebquery.ask(
+            request.eb,
+            build.command(request.eb, request.eb_args),
+            build.environment(dict(env), request.eb),
+            lambda _scratch: ["--show-config"],
+            "eb --show-config",
+        )
+    except ebquery.Unanswered as err:
+        return {"text": None, "error": str(err)}
     text = done.stdout.decode("utf-8", "replace")
     shown = [line for line in text.splitlines(keepends=True) if not line.startswith("tmpdir ")]
     return {"text": "".join(shown), "error": None}

@@ -9,24 +9,20 @@ run (``--dry-run-short``) of the run's own arguments lists the module each easyc
 without building; run again under the flat scheme (``--module-naming-scheme=EasyBuildMNS``,
 given last, so it wins) it lists their install directories, which both hierarchical schemes
 name as the flat scheme does. Both are compared with the live modules before anything is
-built. The dry runs install nothing: they get a scratch install path and temporary directory
-of their own, removed afterwards.
+built. The dry runs install nothing: they get a scratch install path of their own, in the
+scratch directory ``ebquery.ask`` gives them.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
-import tempfile
 from typing import Dict, List, Mapping, Sequence
 
-from ..common import errors, proc
-from ..common.deadline import Deadline, DeadlineExceeded
+from ..common import errors
 from ..common.errors import setting
-from . import easybuild, naming, paths
+from . import easybuild, ebquery, naming, paths
 
-_TIMEOUT = 120
 # " * [R] $CFGS/toy-0.0-GCC-6.4.0-2.28.eb (module: Compiler/GCC/6.4.0-2.28 | toy/0.0)"; the
 # status is x for a module that is installed (not built), and EasyBuild wraps the line at 80
 # columns, so the lines are joined first.
@@ -46,31 +42,14 @@ def planned_modules(dry_run_text: str) -> Dict[str, str]:
 
 
 def _dry_run(argv: List[str], env: Mapping[str, str], eb: str) -> Dict[str, str]:
-    scratch = tempfile.mkdtemp(prefix="eb-staged-rebuild-dry-run-")
-    child_env = dict(env, EASYBUILD_TMPDIR=scratch, TMPDIR=scratch)
-    full = [
-        *argv,
-        "--installpath=" + os.path.join(scratch, "install"),
-        "--tmpdir=" + scratch,
-        "--dry-run-short",
-    ]
+    def question(scratch: str) -> List[str]:
+        return ["--installpath=" + os.path.join(scratch, "install"), "--dry-run-short"]
+
     try:
-        done = proc.run_child(full, env=child_env, deadline=Deadline(_TIMEOUT))
-    except OSError as err:
-        raise errors.UsageError(f"cannot run {eb}: {err.strerror}") from None
-    except DeadlineExceeded:
-        raise errors.UsageError(
-            f"EasyBuild's dry run (--dry-run-short) did not finish within {_TIMEOUT} s"
-        ) from None
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    text = (done.stdout + done.stderr).decode("utf-8", "replace")
-    if done.returncode != 0:
-        raise errors.UsageError(
-            f"EasyBuild's dry run of this rebuild failed (exit {done.returncode}): "
-            f"{proc.summary(done.stdout + done.stderr)}; nothing was built"
-        )
-    return planned_modules(text)
+        done = ebquery.ask(eb, argv, env, question, "EasyBuild's dry run of this rebuild")
+    except ebquery.Unanswered as err:
+        raise errors.UsageError(f"{err}; nothing was built") from None
+    return planned_modules((done.stdout + done.stderr).decode("utf-8", "replace"))
 
 
 def check(eb: str, argv: Sequence[str], env: Mapping[str, str], entries: Sequence[paths.ModulePaths]) -> None:
