@@ -102,14 +102,15 @@ class LocalPlaybooks:
 
 
 def molecule_test(
-    scenario: str, collection: Path, scratch: Path, **scenario_env: str
+    scenario: str, collection: Path, scratch: Path, *, command: str = "test", **scenario_env: str
 ) -> subprocess.CompletedProcess:
     """``molecule test -s scenario`` from ``collection`` (a copy of the checkout), in the
     environment the playbook tests have, with Ansible's files under ``scratch`` and the
-    scenario's own variables (``MOLECULE_...``) added."""
+    scenario's own variables (``MOLECULE_...``) added. ``command``: another of molecule's
+    commands (``converge``, ``idempotence``) on the scenario a test ran before."""
     ansible = LocalPlaybooks(scratch / "ansible", {"PATH": ADMIN_PATH}, collection)
     return subprocess.run(
-        [str(BIN / "molecule"), "test", "-s", scenario],
+        [str(BIN / "molecule"), command, "-s", scenario],
         cwd=collection,
         env=dict(os.environ, **ansible.env(), NO_COLOR="1", **scenario_env),
         capture_output=True,

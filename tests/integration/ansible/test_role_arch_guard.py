@@ -378,8 +378,12 @@ def test_an_arch_guard_python_that_does_not_exist_is_refused(refusals):
 
 
 # the prefix
+#
+# One kind of unsafe prefix here: the refusal is one task for every kind. The survey's check
+# of each kind (writable by others, by its group, a user's, a symlink, a file) on real
+# directories is test_checks.py's, and the plan's refusal from it test_plan.py's.
 
-UNSAFE_PREFIX_KINDS = ["writable by others", "writable by its group", "a user's", "a symlink"]
+UNSAFE_PREFIX_KINDS = ["a symlink"]
 
 
 def _unsafe_prefix(kind):
@@ -423,16 +427,15 @@ def test_a_prefix_that_users_could_replace_is_refused(refusals, kind):
 
 
 # the settings
+#
+# One unusable value of each type the settings reach the role with (a path, a list, a number,
+# a boolean with a path): each goes through Ansible's templating to the plan. Every rule
+# with every value it refuses is test_plan.py's table
+# (test_settings_the_role_cannot_use_are_named_with_every_rule).
 
 UNUSABLE_SETTINGS = [
     {"arch_guard_prefix": "opt/arch-guard"},
-    {"arch_guard_state_dir": "state"},
-    {"arch_guard_python": "python3"},
     {"arch_guard_python_candidates": ["/usr/bin/python3", "python3"]},
-    {"arch_guard_chain_task_prolog": "site/prolog.sh"},
-    {"arch_guard_manage_slurm_conf": True, "arch_guard_slurm_conf": "slurm.conf"},
-    {"arch_guard_timeout": 0},
-    {"arch_guard_timeout": -1},
     {"arch_guard_timeout": 90000},
     {"arch_guard_manage_slurm_conf": True, "arch_guard_chain_task_prolog": "/bin/true"},
 ]
@@ -489,10 +492,10 @@ def test_a_slurm_conf_with_two_task_prolog_lines_is_refused(refusals):
     _assert_nothing_written(host, SLURM_CONF + f"TaskProlog={site}\ntaskprolog = /usr/local/sbin/other\n")
 
 
+# A FIFO, which a read would hang on. The survey's reading of a missing slurm.conf, a FIFO
+# and a directory is test_survey.py's; the plan's refusal from it test_plan.py's.
 UNREADABLE_SLURM_CONF = {
-    "missing": "file not found",
     "a FIFO": "not a regular file",
-    "a directory": "not a regular file",
 }
 
 
@@ -528,7 +531,9 @@ def test_a_slurm_conf_the_survey_cannot_read_is_refused_without_waiting_on_it(re
     assert host.written() == []
 
 
-UNRUNNABLE_PROLOG_KINDS = ["not executable", "missing", "a directory"]
+# The survey's look at a missing TaskProlog and at a directory is test_survey.py's, the
+# plan's refusal of each kind test_plan.py's (chain-missing, chain-a-directory, ...).
+UNRUNNABLE_PROLOG_KINDS = ["not executable"]
 
 
 def _unrunnable_prolog_in_slurm_conf(kind):
@@ -771,7 +776,7 @@ def _assert_the_launcher_ignores_the_job_s_python_settings(host):
 
 def test_the_site_s_settings_reach_the_guard(host):
     _succeeded(
-        host.run(arch_guard_timeout=7, arch_guard_verbose=True, arch_guard_disabled_partitions=["debug"]),
+        host.run(arch_guard_timeout=2, arch_guard_verbose=True, arch_guard_disabled_partitions=["debug"]),
     )
     env = _job_env(host, SLURM_JOB_PARTITION="debug", **_broken_job_side(host.root))
 
@@ -803,7 +808,7 @@ def test_the_site_s_settings_reach_the_guard(host):
 
     assert site.returncode == 0, site
     assert json.loads(site.stdout)["action"] == "fail"
-    assert "gave up after 7 s" in json.loads(site.stdout)["message"]
+    assert "gave up after 2 s" in json.loads(site.stdout)["message"]
     assert site.stderr.startswith("eessi-arch-guard: ")
     assert (job.returncode, json.loads(job.stdout)["action"]) == (0, "fail")
     assert "gave up after 1 s" in json.loads(job.stdout)["message"]

@@ -2,25 +2,20 @@
 
 Each refusal is one failed task whose message says what is wrong and what to set, and it
 comes before the role writes anything: the command's directory, the command and the state
-root are not created. Check mode on a new host reports what it would change and writes
-nothing either. A new release of the collection's core is installed again on the next run,
-and the run after that changes nothing; that test starts from a virtual environment that
-already holds EasyBuild. (The first install, EasyBuild's with it, its second run and what the
-installed command does are the molecule scenario's: test_molecule_build_host.py.)
+root are not created. The refusal cases share one ansible-playbook run, each on a host of its
+own (see "the refusals" below). Check mode on a new host reports what it would change and writes
+nothing either. (The first install, EasyBuild's with it, its second run, what the installed
+command does, and a new release of the core installed on the next run are the molecule
+scenario's: test_molecule_build_host.py.)
 """
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
-import subprocess
-import sys
-import sysconfig
-from importlib import metadata
-from pathlib import Path
+import re
 
 import pytest
-import yaml
 
 import checkout
 import pythons
@@ -74,76 +69,226 @@ def host(tmp_path):
     return Host(tmp_path)
 
 
-def _refused(play, message):
-    assert play.done.returncode == 2, play.output
-    assert play.failed == 1, play.output
-    assert message in play.stdout, play.stdout
+# ------------------------------------------------------------------ the refusals
+#
+# Every refusal case arranges a node of its own (a Host under one scratch directory) and names
+# the variables the role gets there. One ansible-playbook run holds them all: one play over
+# every case, each an inventory host of its own (this machine, under the case's name, with the
+# case's variables as its host variables; the role looks at no other host), the role in a
+# block whose rescue ends that host's play. Each test reads its host's lines of the run: the
+# one task that failed there, its message, and what the node holds after it. (The exit status
+# of a refused run, 2, is shown by the first case, which runs on its own.)
+
+REFUSAL_PLAY = """\
+- name: Prepare build hosts the role refuses
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Run the role
+      block:
+        - name: Run the role
+          ansible.builtin.import_role:
+            name: hpcstack.ops.build_host
+      rescue:
+        - name: The role refused
+          ansible.builtin.debug:
+            msg: refused
+"""
+# The tests of the batch go to one xdist worker (--dist loadgroup), which runs it once.
+REFUSAL = pytest.mark.xdist_group("build_host_refusals")
+ARRANGE: dict = {}
+
+
+def _case(name: str, arrange) -> None:
+    """Register ``arrange(host) -> variables`` as the refusal case ``name``."""
+    ARRANGE[name] = arrange
+
+
+class Refusals:
+    """The batch's run, and each case's node and inventory name."""
+
+    def __init__(self, play, hosts: dict, aliases: dict) -> None:
+        self.play = play
+        self.hosts = hosts
+        self.aliases = aliases
+
+    def lines(self, name: str) -> str:
+        """The run's lines about case ``name``'s host."""
+        tag = f"[{self.aliases[name]}]"
+        return "\n".join(line for line in self.play.stdout.splitlines() if tag in line)
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory):
+    scratch = tmp_path_factory.mktemp("build-host-refusals")
+    hosts, aliases, inventory = {}, {}, {}
+    for number, (name, arrange) in enumerate(ARRANGE.items()):
+        alias = f"case{number:02d}"
+        host = Host(scratch / alias)
+        hosts[name], aliases[name] = host, alias
+        inventory[alias] = {"ansible_connection": "local", **host.variables(**arrange(host))}
+    playbook = scratch / "refusals.yml"
+    playbook.write_text(REFUSAL_PLAY)
+    (scratch / "inventory.json").write_text(json.dumps({"all": {"hosts": inventory}}))
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
+    play = LocalPlaybooks(scratch / "ansible", env).run(
+        str(playbook), "--forks", str(len(inventory)), inventory=str(scratch / "inventory.json")
+    )
+    return Refusals(play, hosts, aliases)
+
+
+def _failed_tasks(output: str, host: str) -> list:
+    """The names of the tasks that failed on ``host`` in ``output``."""
+    sections = re.split(r"^TASK \[", output, flags=re.M)[1:]
+    return [
+        section.split("\n", 1)[0].rsplit("] *", 1)[0]
+        for section in sections
+        if re.search(rf"^(fatal|failed): \[{re.escape(host)}\]", section, re.M)
+    ]
+
+
+def _refused(refusals, name, message) -> str:
+    """Case ``name`` was refused by one task, whose message says ``message``, and the rescue
+    ran; the node's lines of the run."""
+    lines = refusals.lines(name)
+    alias = refusals.aliases[name]
+    assert len(_failed_tasks(refusals.play.stdout, alias)) == 1, refusals.play.output
+    assert message in lines, lines
+    rescue = refusals.play.stdout.split("TASK [The role refused]", 1)[1]
+    assert f"ok: [{alias}]" in rescue, refusals.play.output
+    return lines
+
+
+@REFUSAL
+def test_every_refusal_case_ran_on_a_host_of_its_own_and_was_refused(refusals):
+    play = refusals.play
+    assert play.done.returncode == 0, play.output
+    assert set(play.recap) == set(refusals.aliases.values()), play.output
+    rescued = dict(re.findall(r"^(case\d+)\s*:.*\brescued=(\d+)", play.stdout, re.M))
+    assert rescued == {alias: "1" for alias in refusals.aliases.values()}, play.output
+    assert play.failed == 0, play.output
 
 
 def test_no_live_tree_and_no_state_root_is_refused(host):
+    """A refusal in a run of its own: the play fails, exit status 2, at that one task."""
     play = host.run(build_host_installpath="")
 
-    _refused(play, "set build_host_installpath (the live tree; its state root is then")
+    assert play.done.returncode == 2, play.output
+    assert play.failed == 1, play.output
+    assert "set build_host_installpath (the live tree; its state root is then" in play.stdout
     assert host.written() == []
 
 
-def test_a_relative_state_root_is_refused(host):
-    play = host.run(build_host_state_root="state")
+_case("a relative state root", lambda host: {"build_host_state_root": "state"})
 
-    _refused(play, "as absolute paths")
+
+@REFUSAL
+def test_a_relative_state_root_is_refused(refusals):
+    name = "a relative state root"
+
+    _refused(refusals, name, "as absolute paths")
+    assert refusals.hosts[name].written() == []
+
+
+_case("a missing live tree", lambda host: {"build_host_installpath": str(host.root / "no-such-tree")})
+
+
+@REFUSAL
+def test_a_live_tree_that_does_not_exist_is_refused(refusals):
+    name = "a missing live tree"
+    host = refusals.hosts[name]
+
+    _refused(refusals, name, f"build_host_installpath {host.root}/no-such-tree is not a directory")
     assert host.written() == []
 
 
-def test_a_live_tree_that_does_not_exist_is_refused(host):
-    play = host.run(build_host_installpath=str(host.root / "no-such-tree"))
+_case("a missing Python", lambda host: {"build_host_python": str(host.root / "no-python")})
 
-    _refused(play, f"build_host_installpath {host.root}/no-such-tree is not a directory")
+
+@REFUSAL
+def test_a_missing_python_is_refused(refusals):
+    name = "a missing Python"
+    host = refusals.hosts[name]
+
+    lines = _refused(refusals, name, f"{host.root}/no-python does not run")
+    assert "set build_host_python to another interpreter" in lines
     assert host.written() == []
 
 
-def test_a_missing_python_is_refused(host):
-    play = host.run(build_host_python=str(host.root / "no-python"))
-
-    _refused(play, f"{host.root}/no-python does not run")
-    assert "set build_host_python to another interpreter" in play.stdout
-    assert host.written() == []
-
-
-def test_a_python_older_than_3_8_is_refused(host):
+def _old_python(host):
     old = pythons.find("3.7") or pythons.find("3.6")
     assert old, "no Python 3.6 or 3.7 here (pyenv) to show the refusal of an old interpreter with"
+    return {"build_host_python": old}
 
-    play = host.run(build_host_python=old)
 
-    _refused(play, f"{old} is Python 3.")
-    assert "eb-staged-rebuild needs Python 3.8 or newer" in play.stdout
+_case("a Python older than 3.8", _old_python)
+
+
+@REFUSAL
+def test_a_python_older_than_3_8_is_refused(refusals):
+    name = "a Python older than 3.8"
+    old = pythons.find("3.7") or pythons.find("3.6")
+
+    lines = _refused(refusals, name, f"{old} is Python 3.")
+    assert "eb-staged-rebuild needs Python 3.8 or newer" in lines
+    assert refusals.hosts[name].written() == []
+
+
+_case("no Lmod", lambda host: {"build_host_lmod_cmd": str(host.root / "no-lmod")})
+
+
+@REFUSAL
+def test_a_host_without_lmod_is_refused(refusals):
+    name = "no Lmod"
+    host = refusals.hosts[name]
+
+    _refused(refusals, name, f"Lmod does not run as {host.root}/no-lmod")
     assert host.written() == []
 
 
-def test_a_host_without_lmod_is_refused(host):
-    play = host.run(build_host_lmod_cmd=str(host.root / "no-lmod"))
-
-    _refused(play, f"Lmod does not run as {host.root}/no-lmod")
-    assert host.written() == []
-
-
-def test_a_state_root_reached_through_a_link_is_refused(host):
+def _state_root_through_a_link(host):
     (host.root / "real").mkdir()
     (host.root / "link").symlink_to(host.root / "real")
+    return {"build_host_state_root": str(host.root / "link" / "state")}
 
-    play = host.run(build_host_state_root=str(host.root / "link" / "state"))
 
-    _refused(play, f"is reached through the symbolic link {host.root}/link")
+_case("a state root reached through a link", _state_root_through_a_link)
+
+
+@REFUSAL
+def test_a_state_root_reached_through_a_link_is_refused(refusals):
+    name = "a state root reached through a link"
+    host = refusals.hosts[name]
+
+    _refused(refusals, name, f"is reached through the symbolic link {host.root}/link")
     assert list((host.root / "real").iterdir()) == []
     assert host.written() == []
 
 
-def test_a_backend_that_does_not_exist_is_refused_by_the_argument_spec(host):
-    play = host.run(build_host_backend="chroot")
+_case("a backend that does not exist", lambda host: {"build_host_backend": "chroot"})
 
-    _refused(play, "build_host_backend")
-    assert "chroot" in play.stdout
-    assert host.written() == []
+
+@REFUSAL
+def test_a_backend_that_does_not_exist_is_refused_by_the_argument_spec(refusals):
+    name = "a backend that does not exist"
+
+    lines = _refused(refusals, name, "build_host_backend")
+    assert "chroot" in lines
+    assert refusals.hosts[name].written() == []
+
+
+_case("a build account that does not exist", lambda host: {"build_host_build_user": "no-such-account"})
+
+
+@REFUSAL
+def test_a_build_account_that_does_not_exist_is_refused(refusals):
+    name = "a build account that does not exist"
+
+    _refused(refusals, name, "the build account no-such-account (group root) does not exist on this host")
+    assert refusals.hosts[name].written() == []
+
+
+# ------------------------------------------------------------------ check mode
 
 
 def test_check_mode_on_a_new_host_reports_changes_and_writes_nothing(host):
@@ -152,52 +297,3 @@ def test_check_mode_on_a_new_host_reports_changes_and_writes_nothing(host):
     assert (play.done.returncode, play.failed) == (0, 0), play.output
     assert play.changed > 0
     assert host.written() == []
-
-
-def test_a_build_account_that_does_not_exist_is_refused(host):
-    play = host.run(build_host_build_user="no-such-account")
-
-    _refused(play, "the build account no-such-account (group root) does not exist on this host")
-    assert host.written() == []
-
-
-def _task_changed(play, task):
-    """Whether the task named ``task`` reported a change in ``play``."""
-    section = play.stdout.split(f"TASK [hpcstack.ops.build_host : {task}]", 1)
-    assert len(section) == 2, f"task {task!r} did not run:\n{play.stdout}"
-    return section[1].split("\nTASK [", 1)[0].lstrip("* \n").startswith("changed:")
-
-
-def _venv_holding_easybuild(venv: Path) -> None:
-    """A virtual environment as the role's first run leaves it, without installing EasyBuild
-    again (the molecule scenario's first run does that): made from the role's default
-    interpreter, with .venv's EasyBuild at the pinned release, setuptools and pip on its path
-    (a .pth file) and EasyBuild's ``eb`` (a shell script that runs ``$EB_PYTHON``)."""
-    pinned = yaml.safe_load((checkout.REPO / "roles" / "build_host" / "defaults" / "main.yml").read_text())
-    assert metadata.version("easybuild") == pinned["build_host_easybuild_version"]
-    subprocess.run([pinned["build_host_python"], "-m", "venv", "--without-pip", str(venv)], check=True)
-    [site] = venv.glob("lib/python3*/site-packages")
-    assert site.name == Path(sysconfig.get_paths()["purelib"]).name
-    (site / "hpcstack-test-easybuild.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    shutil.copy2(Path(sys.executable).parent / "eb", venv / "bin" / "eb")
-
-
-def test_a_new_release_of_the_core_is_installed_on_the_next_run(tmp_path):
-    collection = checkout.copy_to(tmp_path / "collection")
-    host = Host(tmp_path / "host", collection)
-    _venv_holding_easybuild(host.root / "opt" / "venv")
-    first = host.run()
-    assert (first.done.returncode, first.failed) == (0, 0), first.output
-    cli = collection / "plugins" / "module_utils" / "staged_rebuild" / "cli.py"
-    cli.write_text(cli.read_text() + "# a later release\n")
-
-    second = host.run()
-    third = host.run()
-
-    assert (second.done.returncode, second.failed) == (0, 0), second.output
-    assert _task_changed(second, "Install the core with pip")
-    [installed] = (host.root / "opt" / "venv").glob(
-        "lib/python3*/site-packages/hpcstack_ops/staged_rebuild/cli.py"
-    )
-    assert installed.read_text().endswith("# a later release\n")
-    assert (third.done.returncode, third.changed) == (0, 0), third.output

@@ -14,6 +14,9 @@ from tests.integration.harness.guard import GPU, GuardSite
 
 HASWELL = ("x86_64/intel/haswell", None)
 ICELAKE_GPU = ("x86_64/intel/icelake", GPU)
+# The module's tests run on one xdist worker (--dist loadgroup), which makes the installed and
+# the copied guard once: spread over both workers, each would make them.
+pytestmark = pytest.mark.xdist_group("arch_guard_install")
 ZEN3 = ("x86_64/amd/zen3", None)
 
 

@@ -39,6 +39,9 @@ MODULERC = "#%Module\nmodule-version toy/0.0 default\n"
 CLASS_LINK = Path("tools") / "Core" / "toy" / "0.0"
 # What EasyBuild may be asked before a build: none of these builds anything.
 ASKED = ("--version", "--show-config", "--dry-run-short")
+# The module's tests run on one xdist worker (--dist loadgroup), which makes its hierarchical site once:
+# spread over both workers, each would make them.
+pytestmark = pytest.mark.xdist_group("staged_hierarchical")
 
 
 def _eb_args(module):

@@ -35,6 +35,9 @@ TOY_SAYS = "I'm a toy, and very proud of it."
 TOY_EXT_SAYS = "I'm a toy, and proud of it."
 TOY_APP_SAYS = "Hello from a toy function!"  # libtoy's, linked and loaded
 BACKENDS = ["bwrap", "userns"]
+# The module's tests run on one xdist worker (--dist loadgroup), which makes its live trees once:
+# spread over both workers, each would make them.
+pytestmark = pytest.mark.xdist_group("staged_site_layouts")
 
 
 def _logs(site, module) -> set:

@@ -169,6 +169,30 @@ def test_a_slurm_conf_that_cannot_be_read_is_a_problem_not_a_hang(tmp_path, kind
     assert (found["task_prolog"], found["identity"]["sha256"]) == ([], None)
 
 
+@pytest.mark.parametrize("kind", ["missing", "a directory", "not executable"])
+def test_the_task_prolog_slurm_conf_names_is_looked_at_as_it_is(tmp_path, kind):
+    """What the plan refuses a TaskProlog to chain from (test_plan.py: chain-missing,
+    chain-a-directory, chain-not-executable-for-all)."""
+    site = tmp_path / "site" / "prolog.sh"
+    if kind == "a directory":
+        site.mkdir(parents=True)
+        site.chmod(0o755)
+    elif kind == "not executable":
+        site.parent.mkdir()
+        site.write_text("#!/bin/sh\n")
+        site.chmod(0o644)
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(f'TaskProlog = "{site}"   # the site\'s own\n')
+
+    found = survey.survey(slurm_conf=str(conf))["prologs"]
+
+    if kind == "missing":
+        assert found == {str(site): None}
+    else:
+        assert found[str(site)]["type"] == ("directory" if kind == "a directory" else "file")
+        assert found[str(site)]["mode"] == (0o755 if kind == "a directory" else 0o644)
+
+
 def test_interpreters_are_started_up_to_the_first_suitable_one(tmp_path):
     found = survey.survey(python=[str(tmp_path / "none"), "/usr/bin/python3", "/usr/bin/python3.11"])[
         "python"
