@@ -102,6 +102,7 @@ class Tree:
     """What ``scan`` read: the installs, and each live module's install and loads."""
 
     software: str
+    modules_all: str
     installs: Dict[str, Install]
     module_install: Dict[str, str]  # module name -> install subdir (modules whose root is one)
     module_loads: Dict[str, List[str]]  # module name -> the names its module file loads
@@ -189,7 +190,7 @@ def scan(trees: paths.Trees) -> Tree:
         if install is not None:
             module_install[module] = install
             installs[install].modules.append(module)
-    return Tree(software, installs, module_install, module_loads)
+    return Tree(software, trees.modules_all, installs, module_install, module_loads)
 
 
 def _install_of(
@@ -225,6 +226,16 @@ class _Modules:
             self.by_short["/".join(parts[-2:])].append(name)
             if len(parts) >= 2:
                 self.by_name[parts[-2]].append(name)
+
+    def has_module_of(self, dependency: easyconfig.Dependency, toolchain: easyconfig.Toolchain) -> bool:
+        """Is there a live module of ``dependency`` that is no install of this tree (a module
+        file alone, as a hierarchy's compiler modules can be): loadable, nothing to rebuild."""
+        toolchain = dependency.toolchain or toolchain
+        names = {
+            f"{dependency.name}/{dependency.install_dir(toolchain)}",
+            f"{dependency.name}/{dependency.version}{dependency.versionsuffix}",
+        }
+        return any(self.by_short.get(name) for name in names)
 
     def resolve(self, loaded: str, loader: str) -> List[str]:
         """The live modules ``loader`` loading ``loaded`` can mean: the name itself, or in a
@@ -341,9 +352,10 @@ def graph(tree: Tree) -> Graph:
                 problems[subdir].append(
                     f"its {_noun(kind)} {dependency} is ambiguous: the live tree has {', '.join(candidates)}"
                 )
-            else:
+            elif not modules.has_module_of(dependency, install.parsed.toolchain):
                 problems[subdir].append(
-                    f"its {_noun(kind)} {dependency} matches no install under {tree.software}"
+                    f"its {_noun(kind)} {dependency} matches no install under {tree.software} "
+                    f"and no module under {tree.modules_all}"
                 )
     return Graph(edges, dict(problems))
 

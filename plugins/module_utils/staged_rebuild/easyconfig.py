@@ -94,7 +94,9 @@ class _Unknown:
 
 _SYSTEM = {"name": SYSTEM_NAME, "version": SYSTEM_NAME}
 # Names EasyBuild's easyconfigs use as constants; any other free name is unknown.
-_CONSTANTS: Dict[str, Any] = {"SYSTEM": _SYSTEM, "True": True, "False": False, "None": None}
+# EXTERNAL_MODULE: a dependency on a module of the system, loaded by name, not an install.
+_EXTERNAL_MODULE = ("EXTERNAL_MODULE",)
+_CONSTANTS: Dict[str, Any] = {"SYSTEM": _SYSTEM, "EXTERNAL_MODULE": _EXTERNAL_MODULE}
 
 
 def _evaluate(node: ast.AST, names: Mapping[str, Any]) -> Any:
@@ -146,9 +148,9 @@ def _name(node: Any, names: Mapping[str, Any]) -> Any:
     return _CONSTANTS[node.id] if node.id in _CONSTANTS else _Unknown(f"the name {node.id}")
 
 
-# The % directives evaluated: %s, %(name)s and %%; no width or precision, which could make a
+# The % directives evaluated: %s, %d, %(name)s, %(name)d and %%; no width or precision, which could make a
 # short file evaluate to a string of any length ("%0999999999d" % 1).
-_PLAIN_FORMAT = re.compile(r"%(?:\(\w+\))?s|%%")
+_PLAIN_FORMAT = re.compile(r"%(?:\(\w+\))?[sd]|%%")
 
 
 def _binary(node: Any, names: Mapping[str, Any]) -> Any:
@@ -252,8 +254,8 @@ def _dependency(value: Any, where: str) -> Optional[Dependency]:
     if not isinstance(value, tuple) or not 2 <= len(value) <= 4:
         raise EasyconfigError(f"{where} is not a tuple (name, version[, versionsuffix[, toolchain]])")
     name, version = value[0], value[1]
-    if isinstance(version, _Unknown) or (isinstance(name, str) and not isinstance(version, str)):
-        return None  # ("foo", EXTERNAL_MODULE): a module of the system, loaded by name
+    if version is _EXTERNAL_MODULE:
+        return None
     suffix = value[2] if len(value) > 2 else ""
     if not all(isinstance(part, str) for part in (name, version, suffix)):
         raise EasyconfigError(f"{where} has a name, version or versionsuffix that is not a string")
@@ -324,6 +326,8 @@ def parse(text: str) -> Easyconfig:
     toolchain = _toolchain(toolchain_value, "its toolchain")
     raw_suffix = _string(names, "versionsuffix", "")
     runtime = _dependencies(names, "dependencies")
+    # Hidden dependencies are run time dependencies whose module is hidden (``.version``).
+    runtime += [dep for dep in _dependencies(names, "hiddendependencies") if dep not in runtime]
     build = _dependencies(names, "builddependencies")
     # Templates see the raw dependency versions (%(pyver)s is the Python dependency's version).
     templates = _templates(raw_name, raw_version, toolchain, runtime + build)
