@@ -275,7 +275,9 @@ def test_a_chain_whose_build_fails_changes_nothing_live(site):
     done = site.run(*_args(site), env={"FAKE_EB_FAIL": "1"})
 
     assert done.returncode == 2, done.stderr
-    assert done.stderr.splitlines()[-1].startswith("eb-staged-rebuild: EasyBuild failed (exit 1); nothing was swapped")
+    assert done.stderr.splitlines()[-1].startswith(
+        "eb-staged-rebuild: EasyBuild failed (exit 1); nothing was swapped"
+    )
     assert _trees(site) == before
     status = json.loads(site.run("--json", "status", RUN).stdout)["run"]
     assert status["state"] == "failed"
