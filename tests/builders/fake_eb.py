@@ -11,7 +11,7 @@ With ``--show-config`` it prints its options in EasyBuild's ``--show-config`` fo
 
 Switches, from the environment (eb-staged-rebuild passes its environment on):
   FAKE_EB_PAYLOAD=TEXT          what PAYLOAD holds (default "new build")
-  FAKE_EB_DEPENDS=A/1:B/2,...   module A/1 gets depends_on("B/2")
+  FAKE_EB_DEPENDS=A/1:B/2,...   module A/1 gets depends_on("B/2"), its easyconfig copy the dependency
   FAKE_EB_EVIDENCE=none         write no PAYLOAD and no easybuild/*.eb
   FAKE_EB_FAIL=1                write a partial tree, then exit 1
   FAKE_EB_WRITE_OUTSIDE=PATH    also write PATH (a hook escaping its install path)
@@ -119,7 +119,12 @@ def build(argv):
             with open(os.path.join(install, "PAYLOAD"), "w") as payload:
                 payload.write(os.environ.get("FAKE_EB_PAYLOAD", "new build") + "\n")
             with open(os.path.join(install, "easybuild", f"{name}-{version}.eb"), "w") as ec:
-                ec.write(f"name = {name!r}\nversion = {version!r}\n")
+                # As EasyBuild keeps it: the easyconfig's name, version, toolchain and dependencies.
+                dependencies = [tuple(dep.split("/")) for dep in depends.get(f"{name}/{version}", [])]
+                ec.write(
+                    f"name = {name!r}\nversion = {version!r}\ntoolchain = SYSTEM\n"
+                    f"dependencies = {dependencies!r}\n"
+                )
         lines = [f"help([[Fake build of {name}/{version}]])", f'local root = "{install}"']
         lines += [f'depends_on("{dep}")' for dep in depends.get(f"{name}/{version}", [])]
         lines += ['prepend_path("PATH", pathJoin(root, "bin"))', f'setenv("EBROOT{name.upper()}", root)']
