@@ -22,7 +22,7 @@ library path that a test relies on).
 
 ``write_packages(dest, value, dependants)`` writes the tarballs into ``dest/sources`` and the
 easyconfigs into ``dest/easyconfigs``; ``dependants`` > 3 adds ``ValD01`` ... (each like
-ValB), for the benchmark's longer chains. The tarballs are reproducible, so two generations
+ValB), for the benchmark's longer chains, and fewer leave out ValC, then ValB. The tarballs are reproducible, so two generations
 written with different values have the same sources and checksums and differ only in the
 library's easyconfig.
 """
@@ -115,9 +115,9 @@ class ChainPackages:
 
 
 def dependant_names(count: int) -> tuple:
-    """ValA, ValB, ValC, then ValD01 ... up to ``count`` dependants (at least the first three)."""
-    extra = tuple(f"ValD{index:02d}" for index in range(1, max(count, 3) - 2))
-    return (*DIRECT, INDIRECT, *extra)
+    """The first ``count`` of ValA, ValB, ValC, ValD01, ValD02, ...: ValLib's dependants."""
+    extra = tuple(f"ValD{index:02d}" for index in range(1, count - 2))
+    return (*DIRECT, INDIRECT, *extra)[:count]
 
 
 def _easyconfig(name, checksum, *, deps=(), buildopts="", files=(), toolchain=None):

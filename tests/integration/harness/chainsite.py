@@ -123,7 +123,14 @@ class ChainSite:
 
     # --- what is live ---------------------------------------------------------------------
 
-    def state_of(self, *names: str) -> dict:
+    def state_of(self, *names: str) -> tuple:
+        """What a rollback gives back of ``names``: type, mode, owner, inode and bytes of every
+        entry of their live installs, and their module files' bytes (a module file is
+        written back, as a new file)."""
+        installs = self.site.snapshot_of(*(self.live(name) for name in names))
+        return installs, {name: self.module_file(name).read_bytes() for name in names}
+
+    def untouched(self, *names: str) -> dict:
         """Type, mode, owner, inode and bytes of the live installs and module files of ``names``."""
         paths = []
         for name in names:

@@ -15,6 +15,7 @@ Each tree is built once per module with plain ``eb`` and given back as built to 
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -92,7 +93,7 @@ def _assert_published_and_rolled_back(chain, backend, tool=None) -> dict:
     members = chain.members
     before = chain.state_of(*members)
     inodes = {name: chain.live(name).stat().st_ino for name in members}
-    unrelated = chain.state_of(UNRELATED)
+    unrelated = chain.untouched(UNRELATED)
     rpaths = {name: chain.rpaths(name) for name in members}
     tools = [None] if tool is None else [None, tool]
     for each in tools:
@@ -108,16 +109,17 @@ def _assert_published_and_rolled_back(chain, backend, tool=None) -> dict:
     for name in members:
         assert chain.live(name).stat().st_ino != inodes[name], name
         text = chain.module_file(name).read_text()
+        assert text.startswith("#%Module") == chain.hierarchical  # the syntax kept
         assert str(chain.live(name)) in text
         assert str(chain.site.generation(result["run_id"])) not in text
     _assert_rpaths_live(chain, result["run_id"], rpaths)
-    assert chain.state_of(UNRELATED) == unrelated
+    assert chain.untouched(UNRELATED) == unrelated
 
     back = chain.run_tool("--json", "rollback", result["run_id"])
 
     assert back.returncode == 0, back.stderr[-2000:]
     assert chain.state_of(*members) == before
-    assert chain.state_of(UNRELATED) == unrelated
+    assert chain.untouched(UNRELATED) == unrelated
     for each in tools:
         assert chain.outputs(each) == chain.expected_outputs(1)
     return result
@@ -132,22 +134,22 @@ def test_with_dependants_rebuilds_every_dependant_against_the_new_library_and_ro
 def test_a_dependant_whose_build_fails_leaves_every_member_live_as_it_was(chain, backend):
     chainpkgs.write_failing_build(chain.own_easyconfig(FAILING))
     before = chain.site.snapshot()
-    outputs = chain.outputs()
 
-    done = chain.run_tool(*chain.rebuild_args(backend, json_output=False))
+    done = chain.run_tool(*chain.rebuild_args(backend))
 
     assert done.returncode == 2, (done.returncode, done.stdout[-2000:], done.stderr[-3000:])
+    assert chain.site.snapshot() == before  # inode and bytes of every member, and of the rest
+    assert chain.outputs() == chain.expected_outputs(1)
+    (journal,) = chain.site.journals()
+    assert json.loads(journal.read_text())["state"] == "failed"
     assert "Traceback" not in done.stderr
     lines = done.stderr.splitlines()
     assert len(lines) == 1, done.stderr
     (line,) = lines
-    assert line.startswith("eb-staged-rebuild: "), line
-    assert chain.module(FAILING) in line, line  # the member
-    assert "false && make" in line, line  # EasyBuild's reason: the build command that failed
-    assert chain.site.snapshot() == before
-    assert chain.outputs() == outputs == chain.expected_outputs(1)
-    (journal,) = chain.site.journals()
-    assert '"failed"' in journal.read_text()
+    assert line.startswith(f"eb-staged-rebuild: {chain.module(FAILING)} failed to build: "), line
+    # EasyBuild's reason: the build command that failed, and where
+    assert "shell command 'false " in line, line
+    assert "in build step" in line, line
 
 
 @pytest.mark.parametrize("backend", ["userns"])
