@@ -22,9 +22,9 @@ library path that a test relies on).
 
 ``write_packages(dest, value, dependants)`` writes the tarballs into ``dest/sources`` and the
 easyconfigs into ``dest/easyconfigs``; ``dependants`` > 3 adds ``ValD01`` ... (each like
-ValB), for the benchmark's longer chains, and fewer leave out ValC, then ValB. The tarballs are reproducible, so two generations
-written with different values have the same sources and checksums and differ only in the
-library's easyconfig.
+ValB), for the benchmark's longer chains, and fewer leave out ValC, then ValB. The tarballs
+are reproducible, so two generations written with different values have the same sources
+and checksums and differ only in the library's easyconfig.
 """
 
 from __future__ import annotations
