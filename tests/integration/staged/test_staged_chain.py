@@ -130,7 +130,7 @@ def test_with_dependants_rebuilds_every_dependant_against_the_new_library_and_ro
     _assert_published_and_rolled_back(chain, backend)
 
 
-@pytest.mark.parametrize("backend", ["userns"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_dependant_whose_build_fails_leaves_every_member_live_as_it_was(chain, backend):
     chainpkgs.write_failing_build(chain.own_easyconfig(FAILING))
     before = chain.site.snapshot()
