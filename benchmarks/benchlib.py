@@ -45,6 +45,9 @@ Operation = Callable[[], None]
 # system) of the child processes it started and waited for, theirs included.
 WALL = "wall"
 CPU = "cpu"
+# Or what the operation measured itself and returned, in ns: a part of a run that no clock
+# around the whole operation can tell apart (the tool's own time beside EasyBuild's).
+REPORTED = "reported"
 # Given a fresh scratch directory (and, with a setup, its result): the operation to time.
 Factory = Callable[..., Operation]
 

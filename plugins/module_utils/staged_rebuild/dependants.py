@@ -593,6 +593,24 @@ def copy_paths(plan_: Plan, run_dir: str) -> List[str]:
     return [copy_path(run_dir, member) for member in plan_.members[1:]]
 
 
+# EasyBuild's reason for a failed run names the easyconfig file whose build failed.
+_FAILED_INSTALL = re.compile(r"Installation of (\S+\.eb) failed")
+
+
+def failed_member(plan_: Plan, easybuild_reason: Optional[str]) -> Optional[Member]:
+    """The member whose build failed, from EasyBuild's reason ("Installation of <file> failed"):
+    the named module's file is the easyconfig given, a dependant's its copy (``copy_path``).
+    None when the reason names no member's file."""
+    found = _FAILED_INSTALL.search(easybuild_reason or "")
+    if found is None:
+        return None
+    named = plan_.members[0]
+    by_file = {os.path.basename(named.easyconfig): named}
+    for member in plan_.members[1:]:
+        by_file[os.path.basename(copy_path("", member))] = member
+    return by_file.get(found.group(1))
+
+
 def take_copies(plan_: Plan, run_dir: str, software: str) -> List[str]:
     """Copy each dependant's own easyconfig into the run's directory (once: a resumed build
     reads the copies its first attempt took); return the copies in build order.

@@ -291,6 +291,19 @@ def _relocate(build: backends.Build, journal: Journal, allow_unrelocated: bool) 
     return [f"published with binaries that name the removed build path {build.generation}: {shown}{more}"]
 
 
+def _naming_the_member(request: RebuildRequest, failed: errors.PublishError) -> errors.PublishError:
+    """A chain's failed build, said with the member whose build EasyBuild failed on: its
+    reason names only an easyconfig file, a dependant's copy in the run's directory."""
+    member = None
+    if request.chain is not None:
+        member = dependants.failed_member(request.chain, failed.details.get("easybuild_reason"))
+    if member is None:
+        return failed
+    return errors.PublishError(
+        f"{member.module} failed to build: {failed}", details=dict(failed.details, member=member.module)
+    )
+
+
 def build_and_publish(journal: Journal, progress: Progress, env: Mapping[str, str]) -> Dict[str, Any]:
     """The build, the plan and the publish of an existing journal (also resume of ``building``)."""
     request = journal.request
@@ -309,13 +322,16 @@ def build_and_publish(journal: Journal, progress: Progress, env: Mapping[str, st
             copies = dependants.take_copies(request.chain, journal.run_dir, trees.software)
         with journal.step(StepKind.BUILD):
             setup = build.prepare()
-            buildrun.run(
-                build.command(request.eb, eb_args(request, copies)),
-                build.environment(dict(env), request.eb),
-                journal.run_dir,
-                progress,
-                setup,
-            )
+            try:
+                buildrun.run(
+                    build.command(request.eb, eb_args(request, copies)),
+                    build.environment(dict(env), request.eb),
+                    journal.run_dir,
+                    progress,
+                    setup,
+                )
+            except errors.PublishError as failed:
+                raise _naming_the_member(request, failed) from None
             build.check()
         with journal.step(StepKind.RELOCATE):
             warnings = _relocate(build, journal, request.allow_unrelocated)

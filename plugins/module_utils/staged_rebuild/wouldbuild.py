@@ -25,8 +25,9 @@ from . import easybuild, ebquery, naming, paths
 
 # " * [R] $CFGS/toy-0.0-GCC-6.4.0-2.28.eb (module: Compiler/GCC/6.4.0-2.28 | toy/0.0)"; the
 # status is x for a module that is installed (not built), and EasyBuild wraps the line at 80
-# columns, so the lines are joined first.
-_ENTRY = re.compile(r"\* \[(.)\] (\S+) \(module: ([^)]*)\)")
+# columns, so the lines are joined first. A wrap keeps the space before it, except after a
+# word that fills the 80 columns (a long easyconfig path): there no space is left.
+_ENTRY = re.compile(r"\* \[(.)\]\s*(\S+?)\s*\(module: ([^)]*)\)")
 _INSTALLED = "x"
 
 

@@ -300,6 +300,17 @@ def test_the_dry_run_s_modules_are_read_across_wrapped_lines_without_the_install
     assert wouldbuild.planned_modules(DRY_RUN) == {"toy-0.0-GCC-6.4.0-2.28.eb": COMPILER}
 
 
+def test_an_easyconfig_path_that_fills_a_wrapped_line_is_read_without_the_space_easybuild_dropped():
+    path = "$CFGS/apps/software/ValA/1.0-GCC-6.4.0-2.28/easybuild/ValA-1.0-GCC-6.4.0-2.28.eb"
+    assert len(path) == 80  # EasyBuild's width: the wrap after it leaves no space
+    text = f" * [R] \n{path}\n(module: Compiler/GCC/6.4.0-2.28 | ValA/1.0)\n"
+
+    assert wouldbuild.planned_modules(DRY_RUN + text) == {
+        "toy-0.0-GCC-6.4.0-2.28.eb": COMPILER,
+        "ValA-1.0-GCC-6.4.0-2.28.eb": "Compiler/GCC/6.4.0-2.28/ValA/1.0",
+    }
+
+
 def _fake_eb(tmp_path, hierarchical, flat):
     """An eb that prints a dry run: ``hierarchical`` names, or ``flat`` ones under EasyBuildMNS."""
     calls = tmp_path / "calls"
