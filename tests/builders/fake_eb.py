@@ -3,8 +3,7 @@
 It takes the install-path options eb-staged-rebuild passes (``--installpath-software``,
 ``--installpath-modules``, ``--installpath``; ``--opt=value`` or ``--opt value``) and one
 positional ``Name-version.eb`` per module, and writes for each
-``<software>/Name/version/PAYLOAD`` (and the easyconfig copy ``easybuild/Name-version.eb``, with
-the module's FAKE_EB_DEPENDS as its ``dependencies``), a Lua module file
+``<software>/Name/version/PAYLOAD`` (and ``easybuild/Name-version.eb``), a Lua module file
 ``<modules>/all/Name/version.lua`` whose ``root`` is the install dir, and a module-class link
 ``<modules>/tools/Name/version.lua``, as EasyBuild does. Other options are ignored.
 With ``--show-config`` it prints its options in EasyBuild's ``--show-config`` form (``name
@@ -12,8 +11,7 @@ With ``--show-config`` it prints its options in EasyBuild's ``--show-config`` fo
 
 Switches, from the environment (eb-staged-rebuild passes its environment on):
   FAKE_EB_PAYLOAD=TEXT          what PAYLOAD holds (default "new build")
-  FAKE_EB_DEPENDS=A/1:B/2,...   module A/1 gets depends_on("B/2"), and ('B', '2') in the
-                                dependencies of its easyconfig copy
+  FAKE_EB_DEPENDS=A/1:B/2,...   module A/1 gets depends_on("B/2"), its easyconfig copy the dependency
   FAKE_EB_EVIDENCE=none         write no PAYLOAD and no easybuild/*.eb
   FAKE_EB_FAIL=1                write a partial tree, then exit 1
   FAKE_EB_WRITE_OUTSIDE=PATH    also write PATH (a hook escaping its install path)
@@ -61,16 +59,6 @@ def nest(install, levels):
         os.close(fd)
         fd, name = child, "d"
     os.close(fd)
-
-
-def easyconfig_copy(name, version, dependencies):
-    """The easyconfig EasyBuild keeps in ``<install>/easybuild/``: the system toolchain and,
-    for a module with FAKE_EB_DEPENDS entries, their ``dependencies`` as (name, version)."""
-    text = f"name = {name!r}\nversion = {version!r}\ntoolchain = SYSTEM\n"
-    if dependencies:
-        pairs = ", ".join(repr(tuple(dependency.split("/", 1))) for dependency in dependencies)
-        text += f"dependencies = [{pairs}]\n"
-    return text
 
 
 def wait_at_gate(gate):
@@ -131,7 +119,12 @@ def build(argv):
             with open(os.path.join(install, "PAYLOAD"), "w") as payload:
                 payload.write(os.environ.get("FAKE_EB_PAYLOAD", "new build") + "\n")
             with open(os.path.join(install, "easybuild", f"{name}-{version}.eb"), "w") as ec:
-                ec.write(easyconfig_copy(name, version, depends.get(f"{name}/{version}", [])))
+                # As EasyBuild keeps it: the easyconfig's name, version, toolchain and dependencies.
+                dependencies = [tuple(dep.split("/")) for dep in depends.get(f"{name}/{version}", [])]
+                ec.write(
+                    f"name = {name!r}\nversion = {version!r}\ntoolchain = SYSTEM\n"
+                    f"dependencies = {dependencies!r}\n"
+                )
         lines = [f"help([[Fake build of {name}/{version}]])", f'local root = "{install}"']
         lines += [f'depends_on("{dep}")' for dep in depends.get(f"{name}/{version}", [])]
         lines += ['prepend_path("PATH", pathJoin(root, "bin"))', f'setenv("EBROOT{name.upper()}", root)']

@@ -103,7 +103,7 @@ def rebuild_if_changed(request, state_root, progress, env, dry_run=False) -> dic
 def run_rebuild(request, state_root, progress, env, dry_run=False) -> dict:
     """Build and publish; with ``dry_run`` what it would do (``changed`` says whether it would)."""
     if dry_run:
-        result = rebuild.dry_run(request, env)
+        result = rebuild.dry_run(request, env, state_root)
         result["would_change"] = True
         return result
     return rebuild.rebuild(request, state_root, progress, env)

@@ -23,6 +23,7 @@ from ..common.errors import setting
 from . import (
     backends,
     buildrun,
+    dependants,
     easybuild,
     fsutil,
     locking,
@@ -39,7 +40,7 @@ from . import journal as journals
 from . import syntax as module_syntax
 from .faults import Faults
 from .journal import Journal, ModuleEntry, RunKind, RunState, StepKind
-from .request import RebuildRequest
+from .request import UNSANDBOXED_CHAIN, RebuildRequest
 
 _SHOWN_BINARIES = 10
 _SHOW_CONFIG_TIMEOUT = 120
@@ -66,7 +67,34 @@ def _build(backend: str, request: RebuildRequest, run_id: str) -> backends.Build
     )
 
 
-def describe(request: RebuildRequest, backend: str) -> Dict[str, Any]:
+def eb_args(request: RebuildRequest, easyconfigs: Optional[List[str]] = None) -> List[str]:
+    """EasyBuild's arguments of the run: the user's, and for a chain its dependants'
+    easyconfigs in build order, right after the named module's (EasyBuild builds the
+    easyconfigs given in the order given). ``easyconfigs`` are the copies the run took
+    (``dependants.take_copies``); by default the live copies, for the checks that only read them."""
+    if request.chain is None:
+        return list(request.eb_args)
+    if easyconfigs is None:
+        easyconfigs = [member.easyconfig for member in request.chain.members[1:]]
+    args = list(request.eb_args)
+    named = request.chain.members[0].easyconfig
+    place = args.index(named) + 1 if named in args else 0
+    return [*args[:place], *easyconfigs, *args[place:]]
+
+
+def refuse_unsandboxed_chain(request: RebuildRequest, backend: str) -> None:
+    """A chain needs each staged build at its live path: the installpath backend, also when
+    ``auto`` picks it, is refused before anything is built."""
+    if request.chain is not None and backend not in backends.SANDBOXED:
+        raise errors.UsageError(
+            f"{UNSANDBOXED_CHAIN}, and neither works here ({setting('backend')} {request.backend} "
+            "picked installpath; eb-staged-rebuild probe --path DIR tells why)"
+        )
+
+
+def describe(
+    request: RebuildRequest, backend: str, easyconfigs: Optional[List[str]] = None
+) -> Dict[str, Any]:
     """What a run of ``request`` would build with, and what it removes from EasyBuild's input."""
     build = _build(backend, request, request.run_id or "")
     _kept, removed = easybuild.filter_args(request.eb_args)
@@ -75,7 +103,7 @@ def describe(request: RebuildRequest, backend: str) -> Dict[str, Any]:
         "backend": backend,
         "sandboxed": backend in backends.SANDBOXED,
         "generation": build.generation,
-        "command": build.command(request.eb, request.eb_args),
+        "command": build.command(request.eb, eb_args(request, easyconfigs)),
         "removed_options": removed,
         "removed_environment": sorted(set(os.environ) - set(easybuild.filter_env(os.environ))),
     }
@@ -95,7 +123,7 @@ def easybuild_configuration(request: RebuildRequest, backend: str, env: Mapping[
     """
     build = _build(backend, request, request.run_id or "")
     scratch = tempfile.mkdtemp(prefix="eb-staged-rebuild-show-config-")
-    argv = [*build.command(request.eb, request.eb_args), "--tmpdir=" + scratch, "--show-config"]
+    argv = [*build.command(request.eb, eb_args(request)), "--tmpdir=" + scratch, "--show-config"]
     child_env = build.environment(dict(env), request.eb)
     child_env["EASYBUILD_TMPDIR"] = child_env["TMPDIR"] = scratch
     try:
@@ -141,20 +169,33 @@ def _check_would_build(request: RebuildRequest, backend: str, env: Mapping[str, 
     build = _build(backend, request, run_id)
     child_env = build.environment(dict(env), request.eb)
     child_env["MODULEPATH"] = build.module_path(child_env.get("MODULEPATH", ""))
-    argv = wouldbuild.command(request.eb, request.eb_args, module_syntax.placement(build.syntax), build.order)
+    argv = wouldbuild.command(
+        request.eb, eb_args(request), module_syntax.placement(build.syntax), build.order
+    )
     wouldbuild.check(request.eb, argv, child_env, request.module_paths(run_id))
 
 
-def dry_run(request: RebuildRequest, env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+def dry_run(
+    request: RebuildRequest, env: Optional[Mapping[str, str]] = None, state_root: Optional[str] = None
+) -> Dict[str, Any]:
     """What a rebuild would do; writes nothing and takes no lock. It runs the sandbox probes
-    and, with ``env`` (EasyBuild's environment), ``eb --show-config`` of the staged command."""
+    and, with ``env`` (EasyBuild's environment), ``eb --show-config`` of the staged command.
+    A chain's command names the copies its run would take under ``state_root``."""
     # Every probe once: the report shows them all, and the backend is chosen from them.
     probes = probe.sandbox_probes()
     backend = backends.select(request.backend, probes)
-    result = describe(request, backend)
+    refuse_unsandboxed_chain(request, backend)
+    copies = None
+    if request.chain is not None and state_root is not None:
+        run_dir = os.path.join(os.path.abspath(state_root), "runs", request.run_id or "")
+        copies = dependants.copy_paths(request.chain, run_dir)
+    result = describe(request, backend, copies)
     result.update(
         {"dry_run": True, "changed": False, "modules": list(request.modules_requested), "probes": probes}
     )
+    if request.chain is not None:
+        result["plan"] = request.chain.to_result()
+        result["warnings"] = list(request.chain.warnings)
     if env is not None:
         result["easybuild_configuration"] = easybuild_configuration(request, backend, env)
         refuse_configured_scheme(request, result["easybuild_configuration"])
@@ -181,6 +222,7 @@ def rebuild(
     # Last of the checks: the probes run programs, and a request refused for a plain reason
     # (in request.resolve) did not wait for them.
     backend = backends.select(request.backend)
+    refuse_unsandboxed_chain(request, backend)
     _check_configured_scheme(request, backend, env)
     run_id = request.run_id or ""
     _check_would_build(request, backend, env, run_id)
@@ -276,10 +318,13 @@ def build_and_publish(journal: Journal, progress: Progress, env: Mapping[str, st
         fsutil.makedirs(generation, root=trees.software, mode=0o755)
         if build.backend == "installpath":
             progress(backends.UNSANDBOXED)
+        copies = None
+        if request.chain is not None:
+            copies = dependants.take_copies(request.chain, journal.run_dir, trees.software)
         with journal.step(StepKind.BUILD):
             setup = build.prepare()
             buildrun.run(
-                build.command(request.eb, request.eb_args),
+                build.command(request.eb, eb_args(request, copies)),
                 build.environment(dict(env), request.eb),
                 journal.run_dir,
                 progress,
@@ -302,7 +347,9 @@ def build_and_publish(journal: Journal, progress: Progress, env: Mapping[str, st
             operations.discard_stage(journal, generation)
         raise
     operations.remove_generation(trees, generation)
-    return {
+    if request.chain is not None:
+        warnings = [*request.chain.warnings, *warnings]
+    result = {
         "run_id": journal.run_id,
         "backend": build.backend,
         "sandboxed": build.backend in backends.SANDBOXED,
@@ -315,3 +362,6 @@ def build_and_publish(journal: Journal, progress: Progress, env: Mapping[str, st
         ],
         "journal": journal.path,
     }
+    if request.chain is not None:
+        result["plan"] = request.chain.to_result()
+    return result

@@ -27,7 +27,7 @@ from typing import Any, List, Mapping, Optional, Set
 
 from ..common import errors
 from ..common.errors import setting
-from . import easybuild, ledger, modulefile, naming, paths, settings, syntax
+from . import dependants, easybuild, ledger, modulefile, naming, paths, settings, syntax
 from .backends import BACKENDS
 from .ledger import LedgerConfig
 from .records import AbsPath
@@ -73,9 +73,21 @@ class RebuildRequest:
         help='a JSON file {"path": "<ledger.jsonl>", "site": "<label>"}: one ledger line per module',
         metavar="FILE",
     )
+    with_dependants: bool = option(
+        False,
+        help="rebuild with the module every installed package built on it, each from its own "
+        "easyconfig copy, in one transaction (one --module)",
+    )
+    exclude: List[str] = option(  # noqa: RUF009 - option() is dataclasses.field()
+        [],
+        help="with --with-dependants: leave this dependant out (it keeps linking the old build); repeatable",
+        metavar="NAME/VERSION",
+    )
     lock_timeout: float = 0.0
     # The ledger configuration as read when the request was made (None: no ledger).
     ledger: Optional[LedgerConfig] = None
+    # With --with-dependants: the chain, whose members are ``modules_requested`` in build order.
+    chain: Optional[dependants.Plan] = None
 
     @property
     def trees(self) -> paths.Trees:
@@ -97,8 +109,10 @@ class RebuildRequest:
         )
 
     def build_order(self, run_id: str) -> List[str]:
-        """The run's modules, dependencies first, as their live module files say
-        (``modulefile.publish_order``); a module without a live module file has none."""
+        """The run's modules, dependencies first: a chain's plan, else as their live module
+        files say (``modulefile.publish_order``); a module without a live module file has none."""
+        if self.chain is not None:
+            return [member.module for member in self.chain.members]
         texts = {}
         for entry in self.module_paths(run_id):
             try:
@@ -184,12 +198,15 @@ def resolve(values: Mapping[str, Any], environ: Mapping[str, str], eb_args: List
         ledger=ledger.load_config(given["ledger_config"]) if given["ledger_config"] else None,
         **given,
     )
+    _check_chain_options(request)
     _check_modules(request, run_id)
     # The full names from here on: the journal, the output and a resume name the live module
     # the short name meant when the run began.
     request = dataclasses.replace(
         request, modules_requested=[entry.module for entry in request.module_paths(run_id)]
     )
+    if request.with_dependants:
+        request = with_dependants(request, run_id)
     _check_naming_scheme(request, environ)
     if not os.path.isfile(request.eb) or not os.access(request.eb, os.X_OK):
         raise errors.UsageError(
@@ -197,6 +214,54 @@ def resolve(values: Mapping[str, Any], environ: Mapping[str, str], eb_args: List
             f"({setting('eb')}, {settings.EB_VARIABLE})"
         )
     return request
+
+
+UNSANDBOXED_CHAIN = (
+    f"{setting('with_dependants')} needs the bwrap or userns backend: each dependant is built "
+    "against the new builds at their live paths, which only a sandbox shows"
+)
+
+
+def _check_chain_options(request: RebuildRequest) -> None:
+    """``--with-dependants`` names one module and builds in a sandbox; ``--exclude`` goes with it."""
+    if not request.with_dependants:
+        if request.exclude:
+            raise errors.UsageError(f"{setting('exclude')} goes with {setting('with_dependants')}")
+        return
+    if len(request.modules_requested) != 1:
+        raise errors.UsageError(
+            f"{setting('with_dependants')} takes exactly one {setting('modules')} (the package whose "
+            f"dependants are rebuilt), not {len(request.modules_requested)}"
+        )
+    if request.backend == "installpath":
+        raise errors.UsageError(f"{UNSANDBOXED_CHAIN} ({setting('backend')} installpath builds elsewhere)")
+
+
+def target_easyconfig(eb_args: List[str], install_subdir: str) -> str:
+    """The easyconfig among EasyBuild's arguments that builds ``install_subdir``: the one named
+    as EasyBuild names it (``<Name>-<dir>.eb``), else the only ``.eb`` given, else none ("")."""
+    kept, _removed = easybuild.filter_args(eb_args)
+    given = [arg for arg in kept if arg.endswith(".eb") and not arg.startswith("-")]
+    own = [arg for arg in given if os.path.basename(arg) == install_subdir.replace("/", "-") + ".eb"]
+    return (own or given or [""])[0]
+
+
+def with_dependants(request: RebuildRequest, run_id: str) -> RebuildRequest:
+    """The request expanded to its chain: every dependant of its one module, in build order
+    (``dependants.plan``), each checked as a module given by name is."""
+    entry = request.module_paths(run_id)[0]
+    chain = dependants.plan(
+        dependants.scan(request.trees),
+        entry.module,
+        entry.install_subdir,
+        target_easyconfig(request.eb_args, entry.install_subdir),
+        request.exclude,
+    )
+    expanded = dataclasses.replace(
+        request, modules_requested=[member.module for member in chain.members], chain=chain
+    )
+    _check_modules(expanded, run_id)
+    return expanded
 
 
 def _check_naming_scheme(request: RebuildRequest, environ: Mapping[str, str]) -> None:

@@ -59,10 +59,12 @@ def cli_message(err: errors.HpcstackError) -> str:
 def option(default: Any = None, **setting: Any) -> Any:
     """A request field that is also an option of the command line and the module."""
     # Called in a dataclass body, where field() belongs; pylint sees only this function.
-    field = dataclasses.field(  # pylint: disable=invalid-field-call
-        default=default, metadata={"setting": Setting(default=default, **setting)}
-    )
-    return field
+    metadata = {"setting": Setting(default=default, **setting)}
+    if isinstance(default, list):  # a list option (repeatable flag): each record its own list
+        return dataclasses.field(  # pylint: disable=invalid-field-call
+            default_factory=lambda: list(default), metadata=metadata
+        )
+    return dataclasses.field(default=default, metadata=metadata)  # pylint: disable=invalid-field-call
 
 
 def options(record: type) -> Dict[str, Tuple[Setting, Any]]:
@@ -87,6 +89,9 @@ def argument_spec(record: type) -> Dict[str, Dict[str, Any]]:
         if not offered.module:
             continue
         base = _base_type(hint)
+        if typing.get_origin(base) is list:
+            spec[name] = {"type": "list", "elements": "str", "default": []}
+            continue
         entry: Dict[str, Any] = {
             "type": {bool: "bool", float: "float", int: "int", AbsPath: "path"}.get(base, "str")
         }
@@ -104,6 +109,16 @@ def add_arguments(parser: Any, record: type) -> None:
         base = _base_type(hint)
         if base is bool:
             parser.add_argument(flag(name), dest=name, action="store_true", default=None, help=offered.help)
+            continue
+        if typing.get_origin(base) is list:  # repeatable: each flag adds one value
+            parser.add_argument(
+                flag(name),
+                dest=name,
+                action="append",
+                default=None,
+                metavar=offered.metavar,
+                help=offered.help,
+            )
             continue
         # No argparse choices: the request checks the value, with the same words for a
         # flag, a module option and a variable.
@@ -123,7 +138,9 @@ def from_option_or_environment(
     value = values.get(name)
     if value is None and setting.variable:
         value = environ.get(setting.variable) or None
-    return setting.default if value is None else value
+    if value is None:
+        return list(setting.default) if isinstance(setting.default, list) else setting.default
+    return value
 
 
 def number(name: str, value: Any, variable: Optional[str] = None) -> float:

@@ -432,7 +432,28 @@ def _rebuild_dry_run(result: Mapping[str, Any]) -> str:
         lines += [f"  {printable(line)}" for line in configuration["text"].splitlines() if line.strip()]
     elif configuration:
         lines += wrap(f"EasyBuild's configuration could not be shown: {printable(configuration['error'])}")
+    if result.get("plan"):
+        lines += chain_plan(result["plan"])
     return _done(lines)
+
+
+def chain_plan(plan: Mapping[str, Any]) -> List[str]:
+    """A chain's plan: each member in build order, why it is in, and what it is rebuilt from."""
+    members = plan["members"]
+    noun = "module" if len(members) == 1 else "modules"
+    lines = [f"plan: {len(members)} {noun}, in build order"]
+    for number, member in enumerate(members, 1):
+        if member["module"] == plan["target"]:
+            why = "named"
+        else:
+            why = "depends on " + " -> ".join(map(printable, member["reason"][1:]))
+            if member["kind"] == "build":
+                why += ", to build"
+        source = printable(member["easyconfig"] or "(no easyconfig given)")
+        lines.append(f"  {number}. {printable(member['module'])} ({why}) from {source}")
+    for module in plan["excluded"]:
+        lines.append(f"  left out: {printable(module)} (keeps linking the old {printable(plan['target'])})")
+    return lines
 
 
 def resume(result: Mapping[str, Any], context: Context) -> str:

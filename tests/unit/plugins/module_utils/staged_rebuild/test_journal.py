@@ -387,7 +387,8 @@ def _nulls_dropped(value):
 
 
 def test_what_load_read_is_saved_back_as_it_was_but_for_nulls_and_the_time(tmp_path):
-    """Every field is written, a field the old journal left out as null; nothing else changes."""
+    """Every field is written, a field the old journal left out as null (or, for a request's
+    chain options, as their defaults: no chain); nothing else changes."""
     path = _write(tmp_path / "journal.json", PREVIOUS_PUBLISH)
     journal = journals.Journal.load(str(path))
 
@@ -397,6 +398,8 @@ def test_what_load_read_is_saved_back_as_it_was_but_for_nulls_and_the_time(tmp_p
     assert datetime.datetime.fromisoformat(saved.pop("updated")) > datetime.datetime.fromisoformat(
         PREVIOUS_PUBLISH["updated"]
     )
+    assert saved["request"].pop("with_dependants") is False
+    assert saved["request"].pop("exclude") == []
     assert _nulls_dropped(saved) == _nulls_dropped(_without(PREVIOUS_PUBLISH, "updated"))
     assert saved["module_file"] is None  # a retire run's field, null in a publish run
 

@@ -183,6 +183,8 @@ def test_the_request_s_options_are_its_fields_declared_with_option():
         "allow_unrelocated",
         "prepare",
         "ledger_config",
+        "with_dependants",
+        "exclude",
     ]
 
 
@@ -193,6 +195,8 @@ def test_the_module_s_argument_spec_has_each_option_a_module_offers():
         "skip_live_check": {"type": "bool", "default": False},
         "allow_unrelocated": {"type": "bool", "default": False},
         "ledger_config": {"type": "path"},
+        "with_dependants": {"type": "bool", "default": False},
+        "exclude": {"type": "list", "elements": "str", "default": []},
     }
 
 
@@ -200,7 +204,21 @@ def test_the_command_line_has_a_flag_for_each_option_none_where_not_given():
     parser = argparse.ArgumentParser()
     settings.add_arguments(parser, RebuildRequest)
 
-    given = vars(parser.parse_args(["--skip-live-check", "--backend", "userns", "--prepare", "make check"]))
+    given = vars(
+        parser.parse_args(
+            [
+                "--skip-live-check",
+                "--backend",
+                "userns",
+                "--prepare",
+                "make check",
+                "--exclude",
+                "a/1",
+                "--exclude",
+                "b/2",
+            ]
+        )
+    )
     absent = vars(parser.parse_args([]))
 
     assert given == {
@@ -210,6 +228,8 @@ def test_the_command_line_has_a_flag_for_each_option_none_where_not_given():
         "allow_unrelocated": None,
         "prepare": "make check",
         "ledger_config": None,
+        "with_dependants": None,
+        "exclude": ["a/1", "b/2"],
     }
     assert set(absent.values()) == {None}
 
