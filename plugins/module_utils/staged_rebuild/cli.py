@@ -42,12 +42,12 @@ class _Parser(argparse.ArgumentParser):
 # Each subcommand's examples, shown at the end of its --help (and in docs/staged-rebuild.md).
 EXAMPLES = {
     "rebuild": (
-        "eb-staged-rebuild rebuild --installpath /apps --module zlib/1.3.1-GCCcore-13.2.0 \\",
-        "    -- zlib-1.3.1-GCCcore-13.2.0.eb",
         "eb-staged-rebuild rebuild --dry-run --installpath /apps --module GROMACS/2024.1-foss-2023b \\",
         "    -- GROMACS-2024.1-foss-2023b.eb --robot",
         "eb-staged-rebuild --state-root /apps/.staged rebuild --backend bwrap --run-id fix-4711 \\",
         "    --installpath /apps --module hello/1.0 -- hello-1.0.eb",
+        "eb-staged-rebuild rebuild --dry-run --installpath /apps --module zlib/1.3.1-GCCcore-13.2.0 \\",
+        "    --with-dependants -- zlib-1.3.1-GCCcore-13.2.0.eb",
     ),
     "resume": (
         "eb-staged-rebuild resume            # every interrupted run",

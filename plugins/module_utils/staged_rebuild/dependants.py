@@ -27,14 +27,16 @@ builds of the others.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import heapq
 import os
 import re
 import stat
-from typing import Dict, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Set, Tuple
 
 from ..common import errors
+from ..common.dirfd import open_dir_at
 from ..common.errors import setting
 from . import easyconfig, fsutil, modulefile, paths
 
@@ -114,10 +116,14 @@ def easyconfig_copy(software: str, subdir: str) -> str:
     return os.path.join(software, name, version, "easybuild", f"{name}-{version}.eb")
 
 
-def _read_copy(software: str, path: str) -> Tuple[Optional[easyconfig.Easyconfig], Optional[str]]:
-    """The parsed copy at ``path``, or why it cannot be used (one line)."""
+def _read_copy(
+    name_dir: fsutil.Directory, version: str, path: str
+) -> Tuple[Optional[easyconfig.Easyconfig], Optional[str]]:
+    """The parsed copy of the install ``version`` of ``name_dir`` (at ``path``), or why it
+    cannot be used (one line). Opened by descriptors from the Name directory, no link followed."""
     try:
-        data = fsutil.read_regular(path, "easyconfig copy", root=software, limit=easyconfig.MAX_BYTES)
+        with _open_dirs(name_dir, (version, "easybuild")) as copies:
+            data = copies.read_regular(os.path.basename(path), "easyconfig copy", limit=easyconfig.MAX_BYTES)
     except FileNotFoundError:
         return None, f"its easyconfig copy {path} is missing"
     except errors.UsageError as err:
@@ -130,61 +136,109 @@ def _read_copy(software: str, path: str) -> Tuple[Optional[easyconfig.Easyconfig
         return None, f"its easyconfig copy {path} cannot be read without running it: {err}"
 
 
-def _subdirs(path: str) -> List[str]:
-    """The plain-named real directories in ``path`` (no link, nothing hidden: stages, retired trees)."""
+def _open_dirs(top: fsutil.Directory, names: Iterable[str]) -> fsutil.Directory:
+    """The directory ``top/names...``, each step opened without following a link."""
+    fd, path = top.fd, top.path
     try:
-        with os.scandir(path) as entries:
-            return sorted(
-                entry.name
-                for entry in entries
-                if paths.is_plain_name(entry.name) and entry.is_dir(follow_symlinks=False)
-            )
+        for name in names:
+            path = os.path.join(path, name)
+            child = open_dir_at(fd, name, path)
+            if fd != top.fd:
+                os.close(fd)
+            fd = child
+    except BaseException:
+        if fd != top.fd:
+            os.close(fd)
+        raise
+    return fsutil.Directory(os.dup(fd) if fd == top.fd else fd, path)
+
+
+def _subdirs(directory: fsutil.Directory) -> List[str]:
+    """The plain-named real directories in ``directory`` (no link, nothing hidden: stages,
+    retired trees, ``.modulerc``)."""
+    with os.scandir(directory.fd) as entries:
+        return sorted(
+            entry.name
+            for entry in entries
+            if paths.is_plain_name(entry.name) and entry.is_dir(follow_symlinks=False)
+        )
+
+
+def _files(directory: fsutil.Directory) -> List[str]:
+    with os.scandir(directory.fd) as entries:
+        return sorted(
+            entry.name
+            for entry in entries
+            if paths.is_plain_name(entry.name) and entry.is_file(follow_symlinks=False)
+        )
+
+
+def _module_texts(modules_all: str) -> Iterator[Tuple[str, str, str]]:
+    """``(module name, path, text)`` of every plain-named regular file under ``modules_all``
+    that can be a module file (a ``.lua`` file, or a Tcl file by its cookie), read by
+    descriptors, no link followed, at most ``MAX_MODULE_FILE_BYTES``."""
+    try:
+        top = fsutil.Directory.open(modules_all)
     except OSError:
-        return []
+        return
+    pending = [("", top, 0)]
+    try:
+        yield from _walk_modules(pending)
+    finally:
+        for _prefix, directory, _depth in pending:
+            os.close(directory.fd)
 
 
-def _module_files(modules_all: str) -> Iterable[Tuple[str, str]]:
-    """``(module name, path)`` of every plain-named regular file under ``modules_all``."""
-    pending = [("", modules_all, 0)]
+def _walk_modules(pending: List[Tuple[str, fsutil.Directory, int]]) -> Iterator[Tuple[str, str, str]]:
+    """``_module_texts`` of the directories ``pending`` and those below them."""
     while pending:
         prefix, directory, depth = pending.pop()
-        try:
-            with os.scandir(directory) as entries:
-                listed = sorted(entries, key=lambda entry: entry.name)
-        except OSError:
-            continue
-        for entry in listed:
-            if not paths.is_plain_name(entry.name):
-                continue  # .modulerc, .version, hidden modules
-            name = f"{prefix}/{entry.name}" if prefix else entry.name
-            if entry.is_dir(follow_symlinks=False):
-                if depth < _MAX_MODULE_DEPTH:
-                    pending.append((name, entry.path, depth + 1))
-            elif entry.is_file(follow_symlinks=False):
-                yield (name[: -len(".lua")] if name.endswith(".lua") else name), entry.path
+        with directory:
+            for entry in _files(directory):
+                try:
+                    data = directory.read_regular(entry, "module file", limit=MAX_MODULE_FILE_BYTES)
+                except (OSError, errors.UsageError):
+                    continue  # not a file that can be a module's
+                text = modulefile.decode(data)
+                if entry.endswith(".lua") or modulefile.is_tcl(text):
+                    name = f"{prefix}/{entry}" if prefix else entry
+                    yield (
+                        (name[: -len(".lua")] if name.endswith(".lua") else name),
+                        directory.join(entry),
+                        text,
+                    )
+            if depth >= _MAX_MODULE_DEPTH:
+                continue
+            for sub in _subdirs(directory):
+                with contextlib.suppress(OSError, errors.UsageError):
+                    pending.append(
+                        (f"{prefix}/{sub}" if prefix else sub, _open_dirs(directory, (sub,)), depth + 1)
+                    )
 
 
 def scan(trees: paths.Trees) -> Tree:
     """Read the live trees once (module docstring)."""
     software = trees.software
     installs: Dict[str, Install] = {}
-    for name in _subdirs(software):
-        for version in _subdirs(os.path.join(software, name)):
-            subdir = f"{name}/{version}"
-            copy = easyconfig_copy(software, subdir)
-            parsed, problem = _read_copy(software, copy)
-            installs[subdir] = Install(subdir, copy, parsed, problem)
+    try:
+        software_dir = fsutil.Directory.open(software)
+    except OSError as err:
+        raise errors.UsageError(f"cannot read the software tree {software}: {err.strerror}") from None
+    with software_dir:
+        for name in _subdirs(software_dir):
+            try:
+                name_dir = _open_dirs(software_dir, (name,))
+            except (OSError, errors.UsageError):
+                continue
+            with name_dir:
+                for version in _subdirs(name_dir):
+                    subdir = f"{name}/{version}"
+                    copy = easyconfig_copy(software, subdir)
+                    parsed, problem = _read_copy(name_dir, version, copy)
+                    installs[subdir] = Install(subdir, copy, parsed, problem)
     module_install: Dict[str, str] = {}
     module_loads: Dict[str, List[str]] = {}
-    for module, path in _module_files(trees.modules_all):
-        try:
-            text = modulefile.decode(
-                fsutil.read_regular(path, "module file", root=trees.modules, limit=MAX_MODULE_FILE_BYTES)
-            )
-        except (OSError, errors.UsageError):
-            continue  # not a file that can be a module's: no module here
-        if not path.endswith(".lua") and not modulefile.is_tcl(text):
-            continue
+    for module, _path, text in _module_texts(trees.modules_all):
         module_loads[module] = modulefile.dependencies(text)
         install = _install_of(software, module, modulefile.parse_root(text), installs)
         if install is not None:

@@ -99,7 +99,11 @@ _EXTERNAL_MODULE = ("EXTERNAL_MODULE",)
 _CONSTANTS: Dict[str, Any] = {"SYSTEM": _SYSTEM, "EXTERNAL_MODULE": _EXTERNAL_MODULE}
 
 
-def _evaluate(node: ast.AST, names: Mapping[str, Any]) -> Any:
+# The value a name holds where it is used (``assignments``).
+Lookup = Callable[[str], Any]
+
+
+def _evaluate(node: ast.AST, names: Lookup) -> Any:
     """The literal value of ``node``; ``_Unknown`` for anything that would have to run."""
     evaluate = _EVALUATORS.get(type(node))
     if evaluate is None:
@@ -114,7 +118,7 @@ def _first_unknown(values: Iterable[Any]) -> Optional[_Unknown]:
 _LARGEST_INT = 2**63  # larger is no version or count EasyBuild reads, and slow to print
 
 
-def _constant(node: Any, names: Mapping[str, Any]) -> Any:
+def _constant(node: Any, names: Lookup) -> Any:
     if isinstance(node.value, int) and not -_LARGEST_INT < node.value < _LARGEST_INT:
         return _Unknown("an integer too large")
     if isinstance(node.value, (str, int, float, bool, type(None))):
@@ -122,7 +126,7 @@ def _constant(node: Any, names: Mapping[str, Any]) -> Any:
     return _Unknown(f"a {type(node.value).__name__} constant")
 
 
-def _sequence(node: Any, names: Mapping[str, Any]) -> Any:
+def _sequence(node: Any, names: Lookup) -> Any:
     items = [_evaluate(item, names) for item in node.elts]
     unknown = _first_unknown(items)
     if unknown is not None:
@@ -130,7 +134,7 @@ def _sequence(node: Any, names: Mapping[str, Any]) -> Any:
     return tuple(items) if isinstance(node, ast.Tuple) else items
 
 
-def _mapping(node: Any, names: Mapping[str, Any]) -> Any:
+def _mapping(node: Any, names: Lookup) -> Any:
     keys = [_evaluate(key, names) if key is not None else _Unknown("**") for key in node.keys]
     values = [_evaluate(value, names) for value in node.values]
     unknown = _first_unknown([*keys, *values])
@@ -142,10 +146,8 @@ def _mapping(node: Any, names: Mapping[str, Any]) -> Any:
         return _Unknown("a dict with a list as a key")
 
 
-def _name(node: Any, names: Mapping[str, Any]) -> Any:
-    if node.id in names:
-        return names[node.id]
-    return _CONSTANTS[node.id] if node.id in _CONSTANTS else _Unknown(f"the name {node.id}")
+def _name(node: Any, names: Lookup) -> Any:
+    return names(node.id)
 
 
 # The % directives evaluated: %s, %d, %(name)s, %(name)d and %%; no width or precision, which could make a
@@ -153,7 +155,7 @@ def _name(node: Any, names: Mapping[str, Any]) -> Any:
 _PLAIN_FORMAT = re.compile(r"%(?:\(\w+\))?[sd]|%%")
 
 
-def _binary(node: Any, names: Mapping[str, Any]) -> Any:
+def _binary(node: Any, names: Lookup) -> Any:
     """``+`` of two strings, lists or tuples; ``%`` of a string with plain directives. Every
     result is at most ``MAX_BYTES`` long: ``a = a + a`` repeated would otherwise double it."""
     left, right = _evaluate(node.left, names), _evaluate(node.right, names)
@@ -184,7 +186,7 @@ def _format(template: str, values: Any) -> Any:
         return _Unknown("a % that does not format")
 
 
-_EVALUATORS: Dict[type, Callable[[Any, Mapping[str, Any]], Any]] = {
+_EVALUATORS: Dict[type, Callable[[Any, Lookup], Any]] = {
     ast.Constant: _constant,
     ast.Tuple: _sequence,
     ast.List: _sequence,
@@ -194,8 +196,23 @@ _EVALUATORS: Dict[type, Callable[[Any, Mapping[str, Any]], Any]] = {
 }
 
 
-def assignments(text: str) -> Dict[str, Any]:
-    """Every top-level ``name = value`` of ``text`` in order, each value as far as literals go."""
+# The assignments ``parse`` reads; any other is evaluated only when one of these uses it.
+FIELDS = (
+    "name",
+    "version",
+    "versionsuffix",
+    "toolchain",
+    "dependencies",
+    "builddependencies",
+    "hiddendependencies",
+)
+
+
+def assignments(text: str, wanted: Iterable[str] = FIELDS) -> Dict[str, Any]:
+    """The values the top-level assignments of ``text`` give the names ``wanted`` (those it
+    assigns), as far as literals go. Evaluated lazily, each assignment at most once: a name
+    used in a value is the value of its last assignment before that one (``local_x = local_x
+    + ...`` included); what nothing wanted uses is never evaluated."""
     try:
         tree = ast.parse(text, mode="exec")
     except (SyntaxError, ValueError) as err:  # ValueError: a NUL byte
@@ -203,22 +220,37 @@ def assignments(text: str) -> Dict[str, Any]:
         raise EasyconfigError(f"it is not Python{f' (line {line})' if line else ''}") from None
     except (RecursionError, MemoryError):
         raise EasyconfigError("it nests too deeply to parse") from None
-    names: Dict[str, Any] = {}
-    for statement in tree.body:
-        targets = statement.targets if isinstance(statement, ast.Assign) else []
-        if isinstance(statement, ast.AnnAssign) and statement.value is not None:
-            targets = [statement.target]
-        value_node = getattr(statement, "value", None)
-        if not targets or value_node is None:
+    history: Dict[str, List[Tuple[int, ast.AST]]] = {}
+    for index, statement in enumerate(tree.body):
+        if isinstance(statement, ast.Assign):
+            targets, value = statement.targets, statement.value
+        elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
+            targets, value = [statement.target], statement.value
+        else:
             continue
-        try:
-            value = _evaluate(value_node, names)
-        except RecursionError:
-            value = _Unknown("an expression that nests too deeply")
         for target in targets:
             if isinstance(target, ast.Name):
-                names[target.id] = value
-    return names
+                history.setdefault(target.id, []).append((index, value))
+    done: Dict[Tuple[str, int], Any] = {}
+
+    def value_before(name: str, before: int) -> Any:
+        earlier = [(index, node) for index, node in history.get(name, ()) if index < before]
+        if not earlier:
+            return _CONSTANTS[name] if name in _CONSTANTS else _Unknown(f"the name {name}")
+        index, node = earlier[-1]
+        if (name, index) not in done:
+            done[(name, index)] = _Unknown(f"the name {name}, used in its own value")
+            done[(name, index)] = _evaluate(node, lambda used: value_before(used, index))
+        return done[(name, index)]
+
+    found = {}
+    for name in wanted:
+        if name in history:
+            try:
+                found[name] = value_before(name, len(tree.body))
+            except RecursionError:
+                found[name] = _Unknown("names that refer to each other too deeply")
+    return found
 
 
 def _string(names: Mapping[str, Any], key: str, default: Optional[str] = None) -> str:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import functools
 import hashlib
 import heapq
 import os
@@ -93,6 +94,8 @@ def _lua_long_end(text, pos, level):
     return len(text) if close < 0 else close
 
 
+# Reading a module file's root and its loads masks it twice; a scan of a whole tree does both.
+@functools.lru_cache(maxsize=4)
 def _lua_mask(text):
     """``text`` with comments blanked and string contents filled with NUL, same length.
 

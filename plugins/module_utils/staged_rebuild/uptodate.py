@@ -8,7 +8,8 @@ and its own version in the first line of its log beside it (``... This is EasyBu
 (framework: ...``). A module is up to date when that copy equals one of the easyconfig
 files among EasyBuild's arguments and the log's version is the one ``eb --version`` gives
 now. An easyconfig named without a path (found through EasyBuild's robot path) cannot be
-read here, so it never counts as up to date.
+read here, so it never counts as up to date. A chain's dependants are compared with their own
+copies, which they are rebuilt from.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ def requested_easyconfigs(eb_args) -> list:
 def compare(request) -> list:
     """For each requested module: ``{module, up_to_date, why}``."""
     easyconfigs = requested_easyconfigs(request.eb_args)
+    if request.chain is not None:
+        # A dependant is rebuilt from its own copy: it is stale only by EasyBuild's version, so
+        # a chain is rebuilt when its named module (or EasyBuild) changed.
+        easyconfigs += [member.easyconfig for member in request.chain.members[1:]]
     contents, problem = _read_all(easyconfigs)
     version = probe.easybuild_version(request.eb)
     results = []

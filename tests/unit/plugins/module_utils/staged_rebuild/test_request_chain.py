@@ -13,6 +13,7 @@ from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import
     records,
     settings,
     text,
+    uptodate,
 )
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import request as request_module
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild.request import RebuildRequest
@@ -149,3 +150,17 @@ def test_the_plan_s_text_names_each_member_why_and_from_what(site):
         "  left out: toyapp/0.0 (keeps linking the old libtoy/0.0)",
         "  left out: toptool/2.0 (keeps linking the old libtoy/0.0)",
     ]
+
+
+def test_a_chain_s_dependants_are_compared_with_their_own_copies_not_the_named_easyconfig(site):
+    given = site / "libtoy-0.0.eb"
+    given.write_text("name = 'libtoy'\nversion = '0.0'\ntoolchain = SYSTEM\n# the fix\n")
+    request = _resolve(site, eb_args=(str(given),))
+
+    compared = {entry["module"]: entry["why"] for entry in uptodate.compare(request)}
+
+    copy = site / "apps/software/libtoy/0.0/easybuild/libtoy-0.0.eb"
+    assert compared.pop("libtoy/0.0") == f"{copy} differs from the requested easyconfig"
+    # The stand-in eb prints no version: each dependant's own copy matched, the version cannot.
+    assert set(compared.values()) == {"eb --version did not run, so the EasyBuild version cannot be compared"}
+    assert len(compared) == 4
