@@ -206,14 +206,15 @@ def test_a_refused_chain_request_fails_with_one_line_and_changes_nothing(chain, 
 # rebuild: changed
 
 
-def test_rebuild_changed_rebuilds_the_chain_only_when_the_named_module_is_not_up_to_date(
+def test_rebuild_changed_rebuilds_the_chain_when_the_named_module_changed_and_not_again(
     chain, capsys, tmp_path
 ):
     site, easyconfig, calls_log = chain
-    # TinyLib live from this easyconfig, built by this EasyBuild (as its log records).
+    # The chain live as this EasyBuild built it (each install's log records it), TinyLib from
+    # this easyconfig.
     eb = versioned_eb.make_eb(tmp_path, versioned_eb.EB_VERSION)
     built = subprocess.run(
-        [str(eb), f"--installpath={site.installpath}", "TinyLib-1.0.eb"],
+        [str(eb), f"--installpath={site.installpath}", "TinyLib-1.0.eb", "TinyApp-1.0.eb", "TinyTop-1.0.eb"],
         env={**os.environ, "FAKE_EB_PAYLOAD": "old", "FAKE_EB_ARGS_LOG": os.devnull},
         capture_output=True,
         text=True,
@@ -235,12 +236,13 @@ def test_rebuild_changed_rebuilds_the_chain_only_when_the_named_module_is_not_up
     for result in (same, same_predicted):
         assert (result["changed"], result["state"]) == (False, "up_to_date")
         assert result["up_to_date"] == [
-            {"module": LIB, "up_to_date": True, "why": "same easyconfig and EasyBuild"}
+            {"module": module, "up_to_date": True, "why": "same easyconfig and EasyBuild"}
+            for module in (LIB, APP, TOP)
         ]
     assert predicted["changed"] is True
     assert _text(predicted["plan"], site, easyconfig) == EXPECTED_PLAN
     assert (rebuilt["changed"], rebuilt["state"]) == (True, "published")
-    assert [entry["module"] for entry in rebuilt["up_to_date"]] == [LIB]
+    assert [entry["up_to_date"] for entry in rebuilt["up_to_date"]] == [False, True, True]
     assert rebuilt["up_to_date"][0]["why"].endswith("differs from the requested easyconfig")
     assert [entry["module"] for entry in rebuilt["modules"]] == [LIB, APP, TOP]
     for module in (LIB, APP, TOP):
