@@ -131,8 +131,8 @@ options:
     description:
       - With O(with_dependants=true), dependants to leave out, each as C(NAME/VERSION); a
         member left out takes with it every member that depends on the module only through
-        it. Each is reported in RV(plan.excluded) and warned about, as it keeps linking the
-        old build.
+        it. Each is reported in the C(excluded) list of RV(plan) and warned about, as it keeps
+        linking the old build.
       - A value that is not a member of the plan fails the task.
     type: list
     elements: str
