@@ -69,7 +69,12 @@ def test_the_request_s_modules_are_the_chain_s_members_in_build_order(site):
 def test_the_request_with_its_plan_is_kept_in_the_journal_as_it_is(site):
     request = _resolve(site, exclude=["toylib/1.0"])
 
-    assert records.load(RebuildRequest, records.dump(request)) == request
+    loaded = records.load(RebuildRequest, records.dump(request))
+
+    assert loaded == request
+    assert loaded.exclude == ["toylib/1.0"]
+    assert loaded.chain.excluded == ["toylib/1.0"]
+    assert loaded.build_order("run1") == ["libtoy/0.0", "toyapp/0.0", "toptool/2.0", "toybuild/3.0"]
 
 
 def test_a_request_without_with_dependants_is_its_modules_alone(site):
