@@ -267,3 +267,17 @@ def test_requests_a_chain_cannot_be_made_of_are_refused(site, extra, said):
     line = _assert_refused(site, _args(site, *exclude, **extra))
 
     assert line.startswith("eb-staged-rebuild: " + said)
+
+
+def test_a_chain_whose_build_fails_changes_nothing_live(site):
+    before = _trees(site)
+
+    done = site.run(*_args(site), env={"FAKE_EB_FAIL": "1"})
+
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1].startswith(
+        "eb-staged-rebuild: EasyBuild failed (exit 1); nothing was swapped"
+    )
+    assert _trees(site) == before
+    status = json.loads(site.run("--json", "status", RUN).stdout)["run"]
+    assert status["state"] == "failed"
