@@ -18,6 +18,11 @@ description:
     runs now, as the live install's C(easybuild/) directory records.
   - A run interrupted by a crash must be finished first with M(hpcstack.ops.staged_resume);
     until then every rebuild is refused.
+  - With O(with_dependants=true), the run is a stack rebuild of the one module in O(modules) and
+    every installed package built on it, directly or through others, at run or build time (as
+    each install's own easyconfig copy and the live module files say). Each dependant is
+    rebuilt from its own install's easyconfig copy, against the new builds before it, and all
+    of them are published in one transaction. Check mode returns the plan in RV(plan).
 author:
   - hpcstack.ops maintainers (@hpcstack)
 extends_documentation_fragment:
@@ -108,6 +113,30 @@ options:
         each module the run publishes is then appended to the ledger as one line, within the
         publish transaction.
     type: path
+  with_dependants:
+    description:
+      - Rebuild, with the one module in O(modules), every installed package of the live tree
+        that depends on it, directly or through other packages, at run or build time; all of
+        them are built in one EasyBuild run, dependencies first, and published in one
+        transaction.
+      - O(easyconfigs) are the named module's; each dependant is rebuilt from the easyconfig
+        copy its own install holds (C(<install>/easybuild/<name>-<version>.eb)).
+      - Needs a backend that shows each new build at its live path (V(bwrap) or V(userns));
+        with V(installpath) (given, or picked by V(auto)) the task fails before building.
+      - A dependant whose easyconfig copy is missing or unreadable, or whose dependency
+        resolves to no live install or to more than one, fails the task before any build.
+    type: bool
+    default: false
+  exclude:
+    description:
+      - With O(with_dependants=true), dependants to leave out, each as C(NAME/VERSION); a
+        member left out takes with it every member that depends on the module only through
+        it. Each is reported in the C(excluded) list of RV(plan) and warned about, as it keeps
+        linking the old build.
+      - A value that is not a member of the plan fails the task.
+    type: list
+    elements: str
+    default: []
   rebuild:
     description:
       - V(changed) rebuilds only when a module's live install differs from the requested
@@ -149,6 +178,33 @@ EXAMPLES = r"""
       - /srv/easyconfigs/TinyApp-1.0.eb
     backend: userns
     rebuild: always
+
+- name: Rebuild zlib and every installed package built on it, except one left for later
+  hpcstack.ops.staged_rebuild:
+    state_root: /apps/.eb-staged-rebuild
+    installpath: /apps
+    modules:
+      - zlib/1.3.1-GCCcore-13.3.0
+    easyconfigs:
+      - /srv/easyconfigs/zlib-1.3.1-GCCcore-13.3.0.eb
+    with_dependants: true
+    exclude:
+      - Perl/5.38.2-GCCcore-13.3.0
+    rebuild: always
+  register: stack
+
+- name: Show the plan a stack rebuild would follow, changing nothing
+  hpcstack.ops.staged_rebuild:
+    state_root: /apps/.eb-staged-rebuild
+    installpath: /apps
+    modules:
+      - zlib/1.3.1-GCCcore-13.3.0
+    easyconfigs:
+      - /srv/easyconfigs/zlib-1.3.1-GCCcore-13.3.0.eb
+    with_dependants: true
+    rebuild: always
+  check_mode: true
+  register: stack_plan
 """
 
 RETURN = r"""
@@ -207,6 +263,29 @@ progress:
   sample:
     - "== building and installing TinyApp/1.0..."
     - "== COMPLETED: Installation ended successfully"
+plan:
+  description:
+    - With O(with_dependants=true), the stack rebuild's plan; C(target) the named module,
+      C(members) each module of the run in build order (the named one first) with C(module),
+      C(install) (C(Name/version) under the software tree), C(easyconfig) (what it is rebuilt
+      from), C(reason) (the dependency path from it to the target) and C(kind) (V(runtime) or
+      V(build)), and C(excluded) (the members O(exclude) left out).
+  returned: when O(with_dependants=true) and a rebuild ran, or in check mode when one would run
+  type: dict
+  sample:
+    target: zlib/1.3.1-GCCcore-13.3.0
+    members:
+      - module: zlib/1.3.1-GCCcore-13.3.0
+        install: zlib/1.3.1-GCCcore-13.3.0
+        easyconfig: /srv/easyconfigs/zlib-1.3.1-GCCcore-13.3.0.eb
+        reason: [zlib/1.3.1-GCCcore-13.3.0]
+        kind: runtime
+      - module: libpng/1.6.43-GCCcore-13.3.0
+        install: libpng/1.6.43-GCCcore-13.3.0
+        easyconfig: /apps/software/libpng/1.6.43-GCCcore-13.3.0/easybuild/libpng-1.6.43-GCCcore-13.3.0.eb
+        reason: [libpng/1.6.43-GCCcore-13.3.0, zlib/1.3.1-GCCcore-13.3.0]
+        kind: runtime
+    excluded: []
 command:
   description: The command the build would run.
   returned: in check mode when a rebuild would run

@@ -19,11 +19,12 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import stat
 from typing import Any, Callable, Dict, List, Optional, Set
 
 from ..common import errors
 from ..common.printable import is_unicode
-from . import fsutil, inuse, modulefile, runningjobs, settings
+from . import dependants, fsutil, inuse, modulefile, runningjobs, settings
 from . import journal as journals
 from .journal import RunKind, RunState, StepKind
 
@@ -197,6 +198,26 @@ def _collect_siblings(journal, old_enough, *, dry_run, report, usage, running, f
     if may_go and not dry_run and os.path.isdir(generation) and not os.path.islink(generation):
         journal.faults.before("gc remove " + os.path.relpath(generation, software))
         fsutil.remove_tree(generation, root=software)
+    if may_go and not dry_run:
+        _remove_easyconfig_copies(journal)
+
+
+def _remove_easyconfig_copies(journal):
+    """A stack rebuild's copies of its dependants' easyconfigs (``dependants.take_copies``):
+    only its build read them, and a resume of that build; a finished run's go with its build
+    area. The journal, the module-file backups and the build log stay: ``status`` reads them."""
+    chain = journal.run.request.chain if journal.run.request is not None else None
+    if chain is None:
+        return
+    run_dir = journal.run_dir
+    for copies in sorted({os.path.dirname(path) for path in dependants.copy_paths(chain, run_dir)}):
+        found = fsutil.lstat_below(copies, run_dir)
+        if found is None:
+            continue
+        if not stat.S_ISDIR(found.st_mode):
+            raise errors.JournalError(f"run {journal.run_id}: {copies} is not a directory; gc stops")
+        journal.faults.before("gc remove " + os.path.relpath(copies, journal.state_root))
+        fsutil.remove_tree(copies, root=run_dir)
 
 
 def _why_kept(journal, entry, old_enough, usage, running, fleet):  # noqa: PLR0917 - one sibling's facts

@@ -968,14 +968,24 @@ def interrupted(state_root: str) -> List[Journal]:
     return [journal for journal in run_journals(state_root) if journal.state in INTERRUPTED]
 
 
+def chain_plan(run: Run) -> Optional[Dict[str, Any]]:
+    """A stack rebuild's plan as ``rebuild --json`` shows it (``dependants.Plan.to_result``);
+    None for any other run."""
+    chain = run.request.chain if run.request is not None else None
+    return chain.to_result() if chain is not None else None
+
+
 def summary(journal: Journal, detail: bool = False) -> Dict[str, Any]:
-    """What ``status`` shows of a run: the whole record with ``detail``, else its headline."""
+    """What ``status`` shows of a run: the whole record with ``detail``, else its headline.
+    A stack rebuild's shows its ``plan`` (``chain_plan``) in both: the chain's members are
+    its modules, and the plan says why each is one."""
     run = journal.run
     if detail:
         result = records.dump(run)
         result["journal"] = journal.path
         for entry, dumped in zip(run.modules, result["modules"]):
             dumped["retired_path_exists"] = os.path.lexists(entry.retired_path)
+        _add_plan(result, run)
         return result
     headline: Dict[str, Any] = {
         "run_id": run.run_id,
@@ -1002,4 +1012,11 @@ def summary(journal: Journal, detail: bool = False) -> Dict[str, Any]:
             }
             for entry in run.modules
         ]
+        _add_plan(headline, run)
     return headline
+
+
+def _add_plan(shown: Dict[str, Any], run: Run) -> None:
+    plan = chain_plan(run)
+    if plan is not None:
+        shown["plan"] = plan

@@ -313,6 +313,10 @@ def run_block(result: Mapping[str, Any], context: Context) -> str:
                 ("Reason", printable(run.reason or "")),
             ]
         )
+    plan = journals.chain_plan(run)
+    if plan is not None:
+        # A stack rebuild: its modules are the chain's members, and the plan says why.
+        lines += ["", *chain_plan(plan)]
     for entry in run.modules:
         lines += ["", f"Module {printable(entry.module)}"]
         lines += _fields(
@@ -521,7 +525,13 @@ def _rebuild_command(journal: journals.Journal, context: Context) -> List[str]:
         where = [f"--installpath={installpath}"]
     else:
         where = [f"--installpath-software={trees.software}", f"--installpath-modules={trees.modules}"]
-    modules = [f"--module={module}" for module in request.modules_requested]
+    if request.chain is not None:
+        # A stack rebuild again: its named module with its dependants as they are then, not
+        # the members of this run (whose easyconfig copies EasyBuild is not given).
+        chain = [f"--module={request.chain.target}", "--with-dependants"]
+        modules = chain + [f"--exclude={module}" for module in request.exclude]
+    else:
+        modules = [f"--module={module}" for module in request.modules_requested]
     return context.suggest("rebuild", *where, *modules, "--", *request.eb_args)
 
 

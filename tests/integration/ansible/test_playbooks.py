@@ -133,6 +133,35 @@ def test_retire_moves_the_module_file_away_and_its_rollback_puts_it_back(live):
     assert module_file.read_bytes() == content
 
 
+def test_rebuild_with_dependants_in_check_mode_names_the_chain_and_changes_nothing(live):
+    """The playbook passes staged_with_dependants on: TinyApp, built on TinyLib, joins the run."""
+    wanted = {
+        "staged_modules": [LIB],
+        "staged_easyconfigs": [str(live.packages.easyconfig(*LIB.split("/")))],
+        "staged_with_dependants": True,
+    }
+    before = snapshot(live.site.root)
+
+    play = live.run(
+        "rebuild",
+        "--check",
+        "-e",
+        f"staged_installpath={live.site.installpath}",
+        "-e",
+        json.dumps(wanted),
+        "-e",
+        "staged_backend=userns",
+        "-e",
+        f"staged_eb={live.site.eb}",
+        "-e",
+        "staged_rebuild_when=always",
+    )
+
+    assert (play.done.returncode, play.failed, play.changed) == (0, 0, 1), play.output
+    assert f"localhost: would rebuild {LIB}, {APP} (check mode)" in play.stdout, play.output
+    assert snapshot(live.site.root) == before
+
+
 def test_check_and_diff_of_each_playbook_show_the_change_and_change_nothing(live):
     run_id = live.rebuild("-e", "staged_rebuild_when=always").published_run_id()
     module_file = live.site.module_file(LIB)

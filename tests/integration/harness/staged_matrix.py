@@ -9,6 +9,12 @@ the payload ``old`` and the directory inodes.
 The list of operations (or journaled steps) a matrix covers is found by running the
 engine once on a throw-away site, at collection time, so that an operation added to the
 engine becomes a case of its own without anyone editing the tests.
+
+The ``chain`` variant is a stack rebuild: TinyLib, TinyApp built on it and TinyTop built on
+TinyApp, rebuilt as ``--module TinyLib/1.0 --with-dependants -- TinyLib-1.0.eb``, the run
+finding the two dependants in the live tree (their easyconfig copies and module files) and
+building them from their own easyconfig copies. A chain needs a backend that shows each new
+build at its live path; the test builder runs in the userns sandbox as it runs anywhere.
 """
 
 from __future__ import annotations
@@ -39,8 +45,11 @@ from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import
 from tests.support.staged import FAKE_EB, StagedSite, snapshot
 
 ONE = ("TinyApp/1.0",)
-THREE = ("TinyTop/1.0", "TinyApp/1.0", "TinyLib/1.0")
+# The chain's members in build order: the named package, then its dependants.
+TARGET = "TinyLib/1.0"
+CHAIN = (TARGET, "TinyApp/1.0", "TinyTop/1.0")
 DEPENDS = "TinyTop/1.0:TinyApp/1.0,TinyApp/1.0:TinyLib/1.0"
+CHAIN_BACKEND = "userns"
 OLD_MODULE_LINE = b"-- installed before the staged rebuild\n"
 ACL_XATTR = "system.posix_acl_access"
 EARLIER_LEDGER = b'{"record": "from an earlier run"}\n'
@@ -49,9 +58,35 @@ KILL_AT = "STAGED_TEST_KILL_AT_OPERATION"
 # Variants of a publish: the modules, and whether the run appends to a ledger.
 VARIANTS = {
     "one": (ONE, False),
-    "three": (THREE, False),
+    "chain": (CHAIN, False),
     "ledger": (ONE, True),
 }
+
+
+def easyconfig(module: str) -> str:
+    return module.replace("/", "-") + ".eb"
+
+
+def is_chain(modules) -> bool:
+    return tuple(modules) == CHAIN
+
+
+def rebuild_args(site: StagedSite, modules, extra=()) -> list:
+    """The command line of a rebuild of ``modules``: for the chain, its named package with
+    ``--with-dependants``; else each module given (``StagedSite.rebuild_args``)."""
+    if not is_chain(modules):
+        return site.rebuild_args(*modules, extra=extra)
+    return [
+        "rebuild",
+        f"--installpath={site.installpath}",
+        f"--backend={CHAIN_BACKEND}",
+        "--module",
+        TARGET,
+        "--with-dependants",
+        *extra,
+        "--",
+        easyconfig(TARGET),
+    ]
 
 
 def depends_for(modules) -> str:
@@ -69,9 +104,8 @@ def builder_env(modules, **extra) -> dict:
 
 def install(site: StagedSite, modules) -> None:
     """``StagedSite.install`` (payload ``old``), with the builder on this interpreter."""
-    easyconfigs = [module.replace("/", "-") + ".eb" for module in modules]
     done = subprocess.run(
-        [str(FAKE_EB), f"--installpath={site.installpath}", *easyconfigs],
+        [str(FAKE_EB), f"--installpath={site.installpath}", *map(easyconfig, modules)],
         env=dict(os.environ, **builder_env(modules, FAKE_EB_PAYLOAD="old")),
         capture_output=True,
         text=True,
@@ -156,16 +190,19 @@ def without_inodes_of(full_snapshot: dict, files) -> dict:
 
 
 def request(site: StagedSite, modules, ledger=False) -> request_module.RebuildRequest:
-    """The request ``eb-staged-rebuild rebuild --installpath ... --module ...`` resolves to."""
+    """The request ``eb-staged-rebuild rebuild ...`` (``rebuild_args``) resolves to."""
     options = {
         "installpath": str(site.installpath),
         "modules": list(modules),
-        "backend": "installpath",  # the test builder knows no sandbox
+        # Outside a chain, no sandbox: the same transaction at less cost.
+        "backend": "installpath",
         "eb": str(FAKE_EB),
         "ledger_config": str(ledger_config(site)) if ledger else None,
     }
-    eb_args = [module.replace("/", "-") + ".eb" for module in modules]
-    return request_module.resolve(options, {}, eb_args)
+    if is_chain(modules):
+        options.update(modules=[TARGET], with_dependants=True, backend=CHAIN_BACKEND)
+        return request_module.resolve(options, {}, [easyconfig(TARGET)])
+    return request_module.resolve(options, {}, list(map(easyconfig, modules)))
 
 
 def build_env(modules) -> dict:

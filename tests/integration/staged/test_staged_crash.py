@@ -6,7 +6,9 @@ collection time, on a throw-away site), so a step added to the engine is a new c
 After the kill, ``resume`` must leave every module entirely old (live inode, payload, module
 bytes and class link of before the run) or entirely new (the staged tree live, the module
 file the run prepared, with its root at the live path), never a mix, and the journal must
-say which; a second ``resume`` changes nothing on disk and says so.
+say which; a second ``resume`` changes nothing on disk and says so. The ``chain`` variant is
+a stack rebuild of three (``--module TinyLib/1.0 --with-dependants``, ``staged_matrix``):
+its two dependants, found by the run, are new or old with TinyLib, never apart from it.
 
 The three-rename fallback runs on a bindfs mount (RENAME_EXCHANGE fails there with EINVAL),
 with the state root on the ordinary filesystem; its steps are the publish steps with the
@@ -27,13 +29,13 @@ from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import
 from tests.integration.harness import staged_matrix as matrix
 
 CRASH_AT = "EB_STAGED_REBUILD_CRASH_AT"
-MODULES = {"one": matrix.ONE, "three": matrix.THREE}
+MODULES = {"one": matrix.ONE, "chain": matrix.CHAIN}
 STEPS = {variant: matrix.journaled_steps(modules) for variant, modules in MODULES.items()}
 
 
-# Three modules: a crash in the second swap leaves one swapped module for resume to swap back,
-# itself through the fallback, besides the interrupted one to recover.
-FUSE_STEPS = {"three": matrix.with_fallback(STEPS["three"][0])}
+# The chain of three: a crash in the second swap leaves one swapped module for resume to swap
+# back, itself through the fallback, besides the interrupted one to recover.
+FUSE_STEPS = {"chain": matrix.with_fallback(STEPS["chain"][0])}
 
 
 def _after_an_operation(operations):
@@ -76,9 +78,16 @@ def _run_dir(site):
     return run_dir
 
 
+def _rebuild(site, modules, env):
+    """``eb-staged-rebuild rebuild`` of ``modules`` (for the chain, with ``--with-dependants``)."""
+    return site.run(*matrix.rebuild_args(site, modules), env=env)
+
+
 def _publish(site, modules):
-    result = _json(site.run("--json", *site.rebuild_args(*modules), env=_env(modules)))
+    result = _json(site.run("--json", *matrix.rebuild_args(site, modules), env=_env(modules)))
     assert result["state"] == "published"
+    # The chain's run found the dependants the command line does not name, in build order.
+    assert [entry["module"] for entry in result["modules"]] == list(modules)
     return result
 
 
@@ -185,7 +194,7 @@ def test_the_crash_cases_and_the_named_exceptions_are_every_step_kind_of_the_eng
     crashed = set()
     for published, rolled_back in STEPS.values():
         crashed |= _kinds(published) | _kinds(rolled_back)
-    crashed |= _kinds(FUSE_STEPS["three"])
+    crashed |= _kinds(FUSE_STEPS["chain"])
 
     assert crashed == PUBLISH_KINDS | ROLLBACK_KINDS | FALLBACK_KINDS
     assert crashed | NOT_CRASH_CASES == set(journals.StepKind)
@@ -198,7 +207,7 @@ def test_a_crash_at_each_publish_step_resumes_to_entirely_old_or_entirely_new(st
     matrix.prepare_old_site(staged_site, modules)
     old = matrix.old_state(staged_site, modules)
 
-    crashed = staged_site.rebuild(*modules, env=_env(modules, **{CRASH_AT: step}))
+    crashed = _rebuild(staged_site, modules, _env(modules, **{CRASH_AT: step}))
 
     _assert_killed_at(staged_site, crashed, step)
     _assert_resume_repairs(staged_site, modules, old, "failed")
@@ -242,7 +251,7 @@ def test_a_crash_at_each_fallback_step_on_fuse_resumes_to_entirely_old_or_entire
     matrix.prepare_old_site(fuse_site, modules)
     old = matrix.old_state(fuse_site, modules)
 
-    crashed = fuse_site.rebuild(*modules, env=_env(modules, **{CRASH_AT: step}))
+    crashed = _rebuild(fuse_site, modules, _env(modules, **{CRASH_AT: step}))
 
     _assert_killed_at(fuse_site, crashed, step)
     assert _assert_resume_repairs(fuse_site, modules, old, "failed") == "old"
@@ -258,7 +267,7 @@ def test_a_kill_after_each_publish_operation_resumes_to_entirely_old_or_entirely
     extra = [f"--ledger-config={matrix.ledger_config(staged_site)}"] if ledger else []
 
     crashed = matrix.run_killed_at_operation(
-        staged_site, operation, *staged_site.rebuild_args(*modules, extra=extra), env=_env(modules)
+        staged_site, operation, *matrix.rebuild_args(staged_site, modules, extra=extra), env=_env(modules)
     )
 
     _assert_killed_after(staged_site, crashed, operation)

@@ -7,6 +7,8 @@ I/O error would. After a failed publish every live directory has its original in
 bytes, every module file its original bytes, owner, mode and ACL, every class link its
 target, the journal says ``failed``, and nothing of the run is left in the live trees.
 After a failed rollback the published tree stays live and the run stays ``published``.
+The ``chain`` variant is a stack rebuild of three (``--module TinyLib/1.0
+--with-dependants``, ``staged_matrix``), and so is the rollback matrix's run.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from tests.integration.harness import staged_matrix as matrix
 PUBLISH_OPERATIONS = {variant: matrix.count_publish_operations(variant) for variant in matrix.VARIANTS}
 # On bindfs the swap takes the three-rename fallback, whose renames are operations of their own.
 FUSE_OPERATIONS = matrix.with_fallback(PUBLISH_OPERATIONS["one"], journal_points=True)
-ROLLBACK_OPERATIONS = matrix.count_rollback_operations(matrix.THREE)
+ROLLBACK_OPERATIONS = matrix.count_rollback_operations(matrix.CHAIN)
 
 PUBLISH_CASES = [
     pytest.param(variant, index, name, id=f"{variant}-" + matrix.case_id(index, name))
@@ -106,6 +108,7 @@ def test_the_cases_cover_every_operation_of_a_publish(staged_site, variant):
     result = matrix.rebuild_in_process(site, modules, beyond_the_last, ledger)
 
     assert result["state"] == "published"
+    assert [entry["module"] for entry in result["modules"]] == list(modules)
     assert beyond_the_last.operations == expected
     for module in modules:
         assert [name for name in expected if name.endswith(" " + module)] == [
@@ -189,19 +192,19 @@ def test_a_failure_before_each_publish_operation_on_fuse_leaves_every_live_tree_
 
 
 def _publish(site):
-    matrix.rebuild_in_process(site, matrix.THREE, faults.Faults())
+    matrix.rebuild_in_process(site, matrix.CHAIN, faults.Faults())
     return site
 
 
 def test_the_cases_cover_every_operation_of_a_rollback(staged_site):
-    site = _publish(_restricted_site(staged_site, matrix.THREE, ledger=False))
+    site = _publish(_restricted_site(staged_site, matrix.CHAIN, ledger=False))
     beyond_the_last = faults.Faults(fail_at=len(ROLLBACK_OPERATIONS) + 1)
 
     result = matrix.rollback_in_process(site, beyond_the_last)
 
     assert result["state"] == "rolled_back"
     assert beyond_the_last.operations == ROLLBACK_OPERATIONS
-    for module in matrix.THREE:
+    for module in matrix.CHAIN:
         assert [name for name in ROLLBACK_OPERATIONS if name.endswith(" " + module)] == [
             f"rollback class-link tools {module}",
             f"journal rollback class-link tools {module}",
@@ -217,9 +220,9 @@ def test_the_cases_cover_every_operation_of_a_rollback(staged_site):
 def test_a_failure_before_each_rollback_operation_keeps_the_published_tree_live_and_rollback_possible(
     staged_site, index, name
 ):
-    old = _state(_restricted_site(staged_site, matrix.THREE, ledger=False), matrix.THREE)
+    old = _state(_restricted_site(staged_site, matrix.CHAIN, ledger=False), matrix.CHAIN)
     site = _publish(staged_site)
-    published = _state(site, matrix.THREE)
+    published = _state(site, matrix.CHAIN)
     injecting = faults.Faults(fail_at=index)
 
     with pytest.raises((errors.HpcstackError, OSError)) as raised:
@@ -228,12 +231,12 @@ def test_a_failure_before_each_rollback_operation_keeps_the_published_tree_live_
     assert injecting.operations == ROLLBACK_OPERATIONS[:index]
     _assert_injected_failure_raised(raised, name)
     assert matrix.the_journal(site).state.value == "published"
-    assert all(site.payload(module) == "new build" for module in matrix.THREE)
-    _assert_same_trees(site, matrix.THREE, _state(site, matrix.THREE), published)
+    assert all(site.payload(module) == "new build" for module in matrix.CHAIN)
+    _assert_same_trees(site, matrix.CHAIN, _state(site, matrix.CHAIN), published)
     # The journal the reversal left behind still describes the run: a rollback now succeeds.
     assert matrix.rollback_in_process(site, faults.Faults())["state"] == "rolled_back"
-    after = _state(site, matrix.THREE)
-    for module in matrix.THREE:
+    after = _state(site, matrix.CHAIN)
+    for module in matrix.CHAIN:
         live = site.live(module)
         assert matrix.subtree(after["snapshot"], live) == matrix.subtree(old["snapshot"], live), module
     assert after["module_files"] == old["module_files"]
