@@ -39,7 +39,6 @@ ROUNDS = 3
 MODULE = f"{tinypkgs.APP}/{tinypkgs.VERSION}"
 # One build of either tiny package takes seconds; EasyBuild's bwrap mode alone adds ~12 s of retries.
 RUN_TIMEOUT = 300
-_OUTPUT_TAIL = 3000
 
 
 @dataclass(frozen=True)
@@ -65,23 +64,8 @@ def _stack(scratch: Path) -> Stack:
     )
 
 
-def _run(argv: list[str], env: dict) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        argv,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"isolation_overhead: {' '.join(argv)} exited {done.returncode}:\n"
-            + done.stdout[-_OUTPUT_TAIL:]
-            + done.stderr[-_OUTPUT_TAIL:]
-        )
-    return done
+def _run(argv: list, env: dict) -> subprocess.CompletedProcess:
+    return stackenv.run_checked("isolation_overhead", argv, env, RUN_TIMEOUT)
 
 
 def _live_site(scratch: Path, stack: Stack) -> tuple[Path, dict]:

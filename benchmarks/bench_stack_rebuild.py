@@ -36,7 +36,6 @@ DEPENDANTS = 20
 SMALLEST = 2
 ROUNDS = 3
 RUN_TIMEOUT = 900
-_OUTPUT_TAIL = 3000
 _TIMED_EB = """#!/bin/sh
 # Runs the real eb and records "<start ns> <end ns>" of this call, for the benchmark.
 start=$(date +%s%N)
@@ -59,22 +58,7 @@ class Chain:
 
 
 def _run(argv: list, env: dict) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        argv,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"stack_rebuild: {' '.join(argv[:6])} ... exited {done.returncode}:\n"
-            + done.stdout[-_OUTPUT_TAIL:]
-            + done.stderr[-_OUTPUT_TAIL:]
-        )
-    return done
+    return stackenv.run_checked("stack_rebuild", argv, env, RUN_TIMEOUT)
 
 
 def _chain(scratch: Path, dependants: int) -> Chain:

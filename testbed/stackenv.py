@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,3 +109,22 @@ def easybuild_env(
     if os.geteuid() == 0:
         env["EASYBUILD_ALLOW_USE_AS_ROOT_AND_ACCEPT_CONSEQUENCES"] = "1"
     return env
+
+
+# How much of a failed command's output its error shows, from each stream's end.
+OUTPUT_TAIL = 3000
+
+
+def run_checked(label: str, argv: list, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """Run ``argv`` (no input, output captured as text); a non-zero exit raises ``RuntimeError``
+    naming ``label``, the command's start and the end of what it printed."""
+    done = subprocess.run(
+        argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"{label}: {' '.join(str(arg) for arg in argv[:6])} ... exited {done.returncode}:\n"
+            + done.stdout[-OUTPUT_TAIL:]
+            + done.stderr[-OUTPUT_TAIL:]
+        )
+    return done

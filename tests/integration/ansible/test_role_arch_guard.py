@@ -29,6 +29,7 @@ import checkout
 import pythons
 from ansible_collections.hpcstack.ops.plugins.lookup.tree_digest import digest_files, list_tree
 from localplay import LocalPlaybooks
+from tests.integration.harness import refusal_batch
 
 ROLE = "hpcstack.ops.arch_guard"
 # The play runs the role, then shows the facts it set, for the test to read.
@@ -228,68 +229,31 @@ REFUSAL_PLAY = """\
   hosts: {alias}
   gather_facts: false
   vars: {variables}
-  tasks:
-    - name: Run the role
-      block:
-        - name: Run the role
-          ansible.builtin.import_role:
-            name: hpcstack.ops.arch_guard
-      rescue:
-        - name: The role refused
-          ansible.builtin.debug:
-            msg: refused
-"""
-ARRANGE: dict = {}
-# The tests of one batch go to one xdist worker (--dist loadgroup), which runs it once.
-REFUSAL = pytest.mark.xdist_group("arch_guard_refusals")
-
-
-def _case(name: str, arrange) -> None:
-    """Register ``arrange(host, old_pythons) -> variables`` as the refusal case ``name``."""
-    ARRANGE[name] = arrange
-
-
-class Refusals:
-    """The batch's run, and each case's node and the part of the output its play printed."""
-
-    def __init__(self, play, hosts: dict, aliases: dict) -> None:
-        self.play = play
-        self.hosts = hosts
-        self.aliases = aliases
-
-    def section(self, name: str) -> str:
-        head = f"PLAY [refusal: {name}] "
-        parts = re.split(r"^(?=PLAY \[|PLAY RECAP)", self.play.stdout, flags=re.M)
-        found = [part for part in parts if part.startswith(head)]
-        assert len(found) == 1, self.play.output
-        return found[0]
+""" + refusal_batch.RESCUED_ROLE.format(role="hpcstack.ops.arch_guard")
+BATCH = refusal_batch.Batch("arch_guard_refusals")
+REFUSAL = BATCH.mark
+_case = BATCH.case  # register ``arrange(host, old_pythons) -> variables`` as a refusal case
 
 
 @pytest.fixture(scope="module")
 def refusals(old_pythons):
     scratch = _scratch_root()
-    hosts, aliases, plays, inventory = {}, {}, [], {}
+    hosts, plays = {}, []
+    aliases = BATCH.aliases()
     try:
-        for number, (name, arrange) in enumerate(ARRANGE.items()):
-            alias = f"case{number:02d}"
-            case_root = scratch / alias
+        for name, arrange in BATCH.arrange.items():
+            case_root = scratch / aliases[name]
             case_root.mkdir(mode=0o755)
-            host = Host(case_root)
+            host = hosts[name] = Host(case_root)
             variables = host.variables(**arrange(host, old_pythons))
-            hosts[name], aliases[name] = host, alias
-            inventory[alias] = {"ansible_connection": "local"}
             plays.append(
                 REFUSAL_PLAY.format(
-                    name=json.dumps(f"refusal: {name}"), alias=alias, variables=json.dumps(variables)
+                    name=json.dumps(f"refusal: {name}"), alias=aliases[name], variables=json.dumps(variables)
                 )
             )
-        playbook = scratch / "refusals.yml"
-        playbook.write_text("".join(plays))
-        (scratch / "inventory.json").write_text(json.dumps({"all": {"hosts": inventory}}))
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
-        playbooks = LocalPlaybooks(scratch / "ansible", env)
-        play = playbooks.run(str(playbook), inventory=str(scratch / "inventory.json"))
-        yield Refusals(play, hosts, aliases)
+        inventory = {alias: {"ansible_connection": "local"} for alias in aliases.values()}
+        play = refusal_batch.run(scratch, "".join(plays), inventory)
+        yield refusal_batch.Refusals(play, hosts, aliases)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -308,12 +272,7 @@ def _refused_in(refusals, name, task, message):
 
 @REFUSAL
 def test_every_refusal_case_ran_in_one_play_of_its_own_and_was_refused(refusals):
-    play = refusals.play
-    assert play.done.returncode == 0, play.output
-    assert set(play.recap) == set(refusals.aliases.values()), play.output
-    rescued = dict(re.findall(r"^(case\d+)\s*:.*\brescued=(\d+)", play.stdout, re.M))
-    assert rescued == {alias: "1" for alias in refusals.aliases.values()}, play.output
-    assert play.failed == 0, play.output
+    refusal_batch.assert_every_case_refused(refusals)
 
 
 # the interpreter

@@ -11,7 +11,6 @@ scenario's: test_molecule_build_host.py.)
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
@@ -20,6 +19,7 @@ import pytest
 import checkout
 import pythons
 from localplay import LocalPlaybooks
+from tests.integration.harness import refusal_batch
 
 PLAYBOOK = """\
 - name: Prepare a build host
@@ -83,58 +83,22 @@ REFUSAL_PLAY = """\
 - name: Prepare build hosts the role refuses
   hosts: all
   gather_facts: false
-  tasks:
-    - name: Run the role
-      block:
-        - name: Run the role
-          ansible.builtin.import_role:
-            name: hpcstack.ops.build_host
-      rescue:
-        - name: The role refused
-          ansible.builtin.debug:
-            msg: refused
-"""
-# The tests of the batch go to one xdist worker (--dist loadgroup), which runs it once.
-REFUSAL = pytest.mark.xdist_group("build_host_refusals")
-ARRANGE: dict = {}
-
-
-def _case(name: str, arrange) -> None:
-    """Register ``arrange(host) -> variables`` as the refusal case ``name``."""
-    ARRANGE[name] = arrange
-
-
-class Refusals:
-    """The batch's run, and each case's node and inventory name."""
-
-    def __init__(self, play, hosts: dict, aliases: dict) -> None:
-        self.play = play
-        self.hosts = hosts
-        self.aliases = aliases
-
-    def lines(self, name: str) -> str:
-        """The run's lines about case ``name``'s host."""
-        tag = f"[{self.aliases[name]}]"
-        return "\n".join(line for line in self.play.stdout.splitlines() if tag in line)
+""" + refusal_batch.RESCUED_ROLE.format(role="hpcstack.ops.build_host")
+BATCH = refusal_batch.Batch("build_host_refusals")
+REFUSAL = BATCH.mark
+_case = BATCH.case  # register ``arrange(host) -> variables`` as a refusal case
 
 
 @pytest.fixture(scope="module")
 def refusals(tmp_path_factory):
     scratch = tmp_path_factory.mktemp("build-host-refusals")
-    hosts, aliases, inventory = {}, {}, {}
-    for number, (name, arrange) in enumerate(ARRANGE.items()):
-        alias = f"case{number:02d}"
-        host = Host(scratch / alias)
-        hosts[name], aliases[name] = host, alias
-        inventory[alias] = {"ansible_connection": "local", **host.variables(**arrange(host))}
-    playbook = scratch / "refusals.yml"
-    playbook.write_text(REFUSAL_PLAY)
-    (scratch / "inventory.json").write_text(json.dumps({"all": {"hosts": inventory}}))
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
-    play = LocalPlaybooks(scratch / "ansible", env).run(
-        str(playbook), "--forks", str(len(inventory)), inventory=str(scratch / "inventory.json")
-    )
-    return Refusals(play, hosts, aliases)
+    hosts, inventory = {}, {}
+    aliases = BATCH.aliases()
+    for name, arrange in BATCH.arrange.items():
+        host = hosts[name] = Host(scratch / aliases[name])
+        inventory[aliases[name]] = {"ansible_connection": "local", **host.variables(**arrange(host))}
+    play = refusal_batch.run(scratch, REFUSAL_PLAY, inventory, forks=len(inventory))
+    return refusal_batch.Refusals(play, hosts, aliases)
 
 
 def _failed_tasks(output: str, host: str) -> list:
@@ -161,12 +125,7 @@ def _refused(refusals, name, message) -> str:
 
 @REFUSAL
 def test_every_refusal_case_ran_on_a_host_of_its_own_and_was_refused(refusals):
-    play = refusals.play
-    assert play.done.returncode == 0, play.output
-    assert set(play.recap) == set(refusals.aliases.values()), play.output
-    rescued = dict(re.findall(r"^(case\d+)\s*:.*\brescued=(\d+)", play.stdout, re.M))
-    assert rescued == {alias: "1" for alias in refusals.aliases.values()}, play.output
-    assert play.failed == 0, play.output
+    refusal_batch.assert_every_case_refused(refusals)
 
 
 def test_no_live_tree_and_no_state_root_is_refused(host):
