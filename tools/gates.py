@@ -23,16 +23,14 @@ other-cpu stays after pytest: its tests use the same Slurm and rollout fixtures 
 suite's, which run one at a time.
 
 cluster runs the tests of the namespace cluster (marked ``cluster``) last, in a pytest of its
-own, once nothing else runs. Beside pytest, which keeps both cores busy, they only stretch
-its run and theirs (measured: the whole suite 54 s slower). Their three workers take one
-group of test files each (``--dist loadgroup``; the groups are in
-tests/integration/harness/cluster.py, chosen so that the three take about as long) and each
-makes a cluster of its own, which its group's tests share: the guard's per-node tests, the
-harness's and the fleet benchmark's on one (the benchmark borrows that cluster rather than
-start one), the guard's shared and configless layouts on another, the shared filesystems'
-and the rebuilds' on the third. Their plays keep a core busy and then wait on SSH, Slurm
-and jobs: two workers left a fifth of the two cores idle, three leave almost none. pytest
-leaves them out.
+own, once nothing else runs. They wait on SSH, Slurm and the shared filesystems' daemons for
+three quarters of their time, but beside pytest, which keeps both cores busy, they only
+stretch its run and theirs (measured: the whole suite 54 s slower). Their two workers take
+one group of test files each (``--dist loadgroup``; the groups are in
+tests/integration/harness/cluster.py, chosen so that both take about as long) and each makes
+a cluster of its own, which its group's tests share: the guard's and the harness's tests on
+one, the shared filesystems', the rebuilds' and the fleet benchmark's on the other (the benchmark borrows
+that cluster rather than start one). pytest leaves them out.
 """
 
 from __future__ import annotations
@@ -59,9 +57,9 @@ from tests.support import cputime  # noqa: E402
 
 PYTHON = sys.executable
 PYTEST = [PYTHON, "-m", "pytest", "-p", "xdist", "-n", "auto", "--dist", "loadgroup"]
-# Three workers, a group of test files each (tests/integration/harness/cluster.py): a group's
+# Two workers, a group of test files each (tests/integration/harness/cluster.py): a group's
 # tests share the cluster its worker made.
-CLUSTER_PYTEST = [PYTHON, "-m", "pytest", "-p", "xdist", "-n", "3", "--dist", "loadgroup"]
+CLUSTER_PYTEST = [PYTHON, "-m", "pytest", "-p", "xdist", "-n", "2", "--dist", "loadgroup"]
 SLOWEST = 10
 # `make check`: the gates that take seconds, and the unit tests (a minute of two cores).
 CHECK = ("shellcheck", "ruff-check", "ruff-format", "compile", "types", "changelog", "unit")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness.cluster import CLUSTER_LAYOUTS
+from tests.integration.harness.cluster import CLUSTER_GUARD
 from tests.integration.harness.cluster_guard import (
     JOB_TIMEOUT,
     RUNLOG,
@@ -32,7 +32,7 @@ from tests.integration.harness.cluster_guard import (
 )
 from tests.integration.harness.guard_slurm import job_output
 
-pytestmark = CLUSTER_LAYOUTS
+pytestmark = CLUSTER_GUARD
 
 PREFIX = "/opt/hpcstack/arch-guard"
 LAUNCHER = f"{PREFIX}/bin/eessi-arch-guard"

@@ -1,16 +1,12 @@
 """The session's namespace cluster (``testbed/cluster.py``): a controller, a login node, three
 compute nodes of three CPU targets (the third with a GPU) and two build nodes.
 
-The cluster gate runs the tests marked ``cluster`` on three xdist workers (``--dist
-loadgroup``), each with a cluster of its own that its tests share: the guard's tests on the
-per-node layout, the harness's and the fleet benchmark's (``CLUSTER_GUARD``) on one, the
-guard's layouts where many nodes read one configuration (``CLUSTER_LAYOUTS``) on another,
-those of the shared filesystems and the rebuilds (``CLUSTER``) on the third. The three
-groups cost about the same, so the workers finish together; a group's files run one after
-another, in the order pytest collects them. Their tests wait on SSH, Slurm and jobs part of
-the time: three workers keep both cores busy where two left a fifth of them idle.
-
-The CPUs are cpuinfo fixtures of this machine's type (``uname -m``),
+The cluster gate runs the tests marked ``cluster`` on two xdist workers (``--dist
+loadgroup``), each with a cluster of its own that its tests share: the guard's tests and
+the harness's (``CLUSTER_GUARD``) on one, those of the shared filesystems, the rebuilds and
+the fleet benchmark (``CLUSTER``) on the other. The two groups cost about the same, so both
+workers finish together; a group's files run one after another, in the order pytest
+collects them. The CPUs are cpuinfo fixtures of this machine's type (``uname -m``),
 none of them the machine's own, so what a node reports is what the harness gave it, whatever
 machine the suite runs on. The login node's target differs from every compute node's: a job
 submitted there carries an environment that is wrong on all of them.
@@ -33,15 +29,12 @@ import cluster as namespace_cluster
 import sharedfs
 from localplay import BIN, PLAY_TIMEOUT, LocalPlaybooks, Play
 
-# The three groups of the cluster gate (see above), by the xdist group that puts each on a
-# worker of its own. Usage: ``pytestmark = CLUSTER`` (or ``CLUSTER_GUARD``,
-# ``CLUSTER_LAYOUTS``) in a test module.
+# The two groups of the cluster gate (see above), by the xdist group that puts each on a
+# worker of its own. Usage: ``pytestmark = CLUSTER`` (or ``CLUSTER_GUARD``) in a test module.
 STORAGE_GROUP = "cluster-storage"
 GUARD_GROUP = "cluster-guard"
-LAYOUTS_GROUP = "cluster-layouts"
 CLUSTER = [pytest.mark.cluster, pytest.mark.xdist_group(STORAGE_GROUP)]
 CLUSTER_GUARD = [pytest.mark.cluster, pytest.mark.xdist_group(GUARD_GROUP)]
-CLUSTER_LAYOUTS = [pytest.mark.cluster, pytest.mark.xdist_group(LAYOUTS_GROUP)]
 
 # Per machine type: the login node's CPU, then the three compute nodes' (the last has a GPU).
 CPUS = {

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 import checkout
-from tests.integration.harness.cluster import GUARD_GROUP
+from tests.integration.harness.cluster import STORAGE_GROUP
 
 SLURM_CONF = "/etc/slurm/slurm.conf"
 # What the arch_guard and build_host roles install on a node, and the benchmark's own files.
@@ -114,7 +114,7 @@ def test_the_benchmark_runs_once_at_its_smallest_size_and_prints_every_row(stem,
 
 
 @pytest.mark.cluster
-@pytest.mark.xdist_group(GUARD_GROUP)
+@pytest.mark.xdist_group(STORAGE_GROUP)
 def test_the_fleet_benchmark_runs_once_on_the_suite_s_cluster_prints_every_row_and_gives_it_back(
     bench_path, cluster
 ):
