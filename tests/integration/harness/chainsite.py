@@ -16,7 +16,6 @@ MPI}`` as ``test_staged_hierarchical.py`` does), so that each member's module fi
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,16 +152,7 @@ class ChainSite:
         else:
             env = dict(site.base_env(), MODULEPATH=":".join(map(str, path)))
             argv = tool.shell_command(script)
-        return subprocess.run(
-            site.as_owner(argv),
-            cwd=site.root,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=toysite.MODULE_TIMEOUT,
-            check=False,
-        )
+        return site.run_as_owner(argv, env, toysite.MODULE_TIMEOUT)
 
     def outputs(self, tool=None) -> dict:
         """What each dependant's program prints, its module loaded: ``{name: (exit, stdout)}``."""
@@ -205,12 +195,7 @@ def build(site: EbSite, material: toysite.ToyMaterial | None = None) -> ChainSit
     chain = ChainSite(site, old, new, material)
     if material is not None:
         modules_all = site.modules_all
-        for level in ("Core", "Compiler", "MPI"):
-            shutil.copytree(material.framework / "modules" / level, modules_all / level, symlinks=True)
-        # As EasyBuild's own tests do: the fake compiler modules extend MODULEPATH under this tree.
-        for module_file in modules_all.rglob("*"):
-            if module_file.is_file() and "/tmp/modules/all" in module_file.read_text():
-                module_file.write_text(module_file.read_text().replace("/tmp/modules/all", str(modules_all)))
+        toysite.install_fake_hierarchy(material, modules_all)
     names = (*chain.members, chainpkgs.UNRELATED)
     done = subprocess.run(
         site.as_owner(

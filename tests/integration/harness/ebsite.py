@@ -237,7 +237,8 @@ class EbSite(LiveLayout):
     def as_owner(self, argv: list[str]) -> list[str]:
         return list(argv) if self.user is None else self.user.command(list(argv))
 
-    def _run(self, argv, env, timeout) -> subprocess.CompletedProcess:
+    def run_as_owner(self, argv, env, timeout) -> subprocess.CompletedProcess:
+        """Run ``argv`` as the site's owner in its root, no input, output captured as text."""
         return subprocess.run(
             self.as_owner(argv),
             cwd=self.root,
@@ -259,7 +260,7 @@ class EbSite(LiveLayout):
             return
         easyconfigs = [str(packages.easyconfig(name)) for name in names]
         argv = [str(self.eb), "--robot", *eb_args, *easyconfigs]
-        done = self._run(argv, self.eb_env(packages), EB_RUN_TIMEOUT)
+        done = self.run_as_owner(argv, self.eb_env(packages), EB_RUN_TIMEOUT)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         if key is not None:
             self.built.keep(key, self)
@@ -281,7 +282,7 @@ class EbSite(LiveLayout):
 
         ``env``: variables on top of EasyBuild's environment (None removes one).
         """
-        return self._run(self.tool_command(*args), self.tool_env(packages, **(env or {})), timeout)
+        return self.run_as_owner(self.tool_command(*args), self.tool_env(packages, **(env or {})), timeout)
 
     def popen_tool(self, *args: str, packages, env=None) -> subprocess.Popen:
         """Start the tool as the build user; the caller signals, waits and closes it."""
@@ -325,7 +326,7 @@ class EbSite(LiveLayout):
     def module_shell(self, script: str) -> subprocess.CompletedProcess:
         """``bash -c SCRIPT`` as the build user, with ``module`` and MODULEPATH = the live ``modules/all``."""
         env = self.lmod.env([self.modules_all], base=self.base_env())
-        return self._run(self.lmod.shell_command(script), env, MODULE_TIMEOUT)
+        return self.run_as_owner(self.lmod.shell_command(script), env, MODULE_TIMEOUT)
 
     def snapshot(self) -> dict:
         """Type, mode, owner, inode and bytes of everything in the live trees."""

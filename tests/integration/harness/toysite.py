@@ -13,6 +13,7 @@ its ``modulecmd.tcl`` run by the system's ``tclsh``.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,6 +133,17 @@ def fake_toolchain_modules(material: ToyMaterial) -> Path:
     """The material's fake toolchain modules (``gompi/2018a`` and what it loads), which
     easyconfigs of a toolchain other than SYSTEM (the toy with extensions) build against."""
     return material.framework / "modules"
+
+
+def install_fake_hierarchy(material: ToyMaterial, modules_all: Path) -> None:
+    """The material's fake hierarchy modules (``Core``, ``Compiler``, ``MPI`` levels: GCC,
+    gompi and what they load) copied under ``modules_all``, as EasyBuild's own tests do: the
+    compiler modules then extend ``MODULEPATH`` under this tree, not under ``/tmp``."""
+    for level in ("Core", "Compiler", "MPI"):
+        shutil.copytree(material.framework / "modules" / level, modules_all / level, symlinks=True)
+    for module_file in modules_all.rglob("*"):
+        if module_file.is_file() and "/tmp/modules/all" in module_file.read_text():
+            module_file.write_text(module_file.read_text().replace("/tmp/modules/all", str(modules_all)))
 
 
 def install_easyconfigs(site, material: ToyMaterial, easyconfigs, eb_args=(), env=None) -> None:

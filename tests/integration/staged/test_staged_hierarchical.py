@@ -58,12 +58,7 @@ def hmns_site(lmod, toy_material, tmp_path_factory):
     site = toysite.new_site(lmod, tmp_path_factory, "hmns-site")
     root = site.root
     modules_all = site.modules_all
-    for level in ("Core", "Compiler", "MPI"):
-        shutil.copytree(toy_material.framework / "modules" / level, modules_all / level, symlinks=True)
-    # As EasyBuild's own tests do: the fake compiler modules extend MODULEPATH under this tree.
-    for module_file in modules_all.rglob("*"):
-        if module_file.is_file() and "/tmp/modules/all" in module_file.read_text():
-            module_file.write_text(module_file.read_text().replace("/tmp/modules/all", str(modules_all)))
+    toysite.install_fake_hierarchy(toy_material, modules_all)
     for module in (CORE, COMPILER):
         _install(site, toy_material, module)
         (modules_all / module).parent.joinpath(".modulerc").write_text(MODULERC)
