@@ -216,8 +216,9 @@ def assignments(text: str, wanted: Iterable[str] = FIELDS) -> Dict[str, Any]:
     try:
         tree = ast.parse(text, mode="exec")
     except (SyntaxError, ValueError) as err:  # ValueError: a NUL byte
-        line = getattr(err, "lineno", None)
-        raise EasyconfigError(f"it is not Python{f' (line {line})' if line else ''}") from None
+        line = err.lineno if isinstance(err, SyntaxError) else None
+        where = "" if line is None else f" (line {line})"
+        raise EasyconfigError(f"it is not Python{where}") from None
     except (RecursionError, MemoryError):
         raise EasyconfigError("it nests too deeply to parse") from None
     history: Dict[str, List[Tuple[int, ast.AST]]] = {}

@@ -413,6 +413,9 @@ WRONG_TYPES = [
     wrong_type(PUBLISH, ("request", "run_id"), 5),
     wrong_type(PUBLISH, ("request", "skip_live_check"), 0),  # an int is not a bool
     wrong_type(PUBLISH, ("request", "software"), []),
+    wrong_type(PUBLISH, ("request", "with_dependants"), "yes"),
+    wrong_type(PUBLISH, ("request", "exclude"), "TinyLib/1.0"),  # a list of modules
+    wrong_type(PUBLISH, ("request", "chain"), "TinyLib/1.0"),  # a plan, or null
 ]
 
 OTHERS = [
