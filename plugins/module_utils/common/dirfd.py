@@ -199,22 +199,12 @@ class Directory:
         if parts[: len(top)] != top:
             raise errors.UsageError(f"{path} is not under {root}")
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        where = root
-        try:
-            for name in parts[len(top) :]:
-                if name == "..":
-                    raise errors.UsageError(f"{path} leaves {root}")
-                where = os.path.join(where, name)
-                if create_mode is not None:
-                    with contextlib.suppress(FileExistsError):
-                        os.mkdir(name, create_mode, dir_fd=fd)
-                child = open_dir_at(fd, name, where)
-                os.close(fd)
-                fd = child
-        except BaseException:
-            os.close(fd)
-            raise
-        return cls(fd, path)
+        return cls(_open_components(fd, root, parts[len(top) :], create_mode), path)
+
+    def open_below(self, *names: str) -> Directory:
+        """The directory ``names`` (one component each) below this one, each opened from the
+        one before without following a link: a walk that never resolves a path again."""
+        return Directory(_open_components(os.dup(self.fd), self.path, names), os.path.join(self.path, *names))
 
     def __enter__(self) -> Directory:
         return self
@@ -338,6 +328,28 @@ def _components(path):
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_components(fd: int, top: str, names, create_mode: Optional[int] = None) -> int:
+    """The directory ``names`` below the directory ``fd`` (the path ``top``), opened one
+    component after the other with ``open_dir_at``; with ``create_mode``, a missing one is made
+    first. Takes ``fd`` over: it, and every directory on the way, is closed; the last is returned."""
+    where = top
+    try:
+        for name in names:
+            if name == "..":
+                raise errors.UsageError(f"{os.path.join(top, *names)} leaves {top}")
+            where = os.path.join(where, name)
+            if create_mode is not None:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, create_mode, dir_fd=fd)
+            child = open_dir_at(fd, name, where)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def open_dir_at(parent_fd: int, name: str, where: str) -> int:

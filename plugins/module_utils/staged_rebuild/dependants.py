@@ -36,7 +36,6 @@ import stat
 from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Set, Tuple
 
 from ..common import errors
-from ..common.dirfd import open_dir_at
 from ..common.errors import setting
 from . import easyconfig, fsutil, modulefile, paths
 
@@ -122,7 +121,7 @@ def _read_copy(
     """The parsed copy of the install ``version`` of ``name_dir`` (at ``path``), or why it
     cannot be used (one line). Opened by descriptors from the Name directory, no link followed."""
     try:
-        with _open_dirs(name_dir, (version, "easybuild")) as copies:
+        with name_dir.open_below(version, "easybuild") as copies:
             data = copies.read_regular(os.path.basename(path), "easyconfig copy", limit=easyconfig.MAX_BYTES)
     except FileNotFoundError:
         return None, f"its easyconfig copy {path} is missing"
@@ -134,23 +133,6 @@ def _read_copy(
         return easyconfig.parse(data.decode("utf-8", "replace")), None
     except easyconfig.EasyconfigError as err:
         return None, f"its easyconfig copy {path} cannot be read without running it: {err}"
-
-
-def _open_dirs(top: fsutil.Directory, names: Iterable[str]) -> fsutil.Directory:
-    """The directory ``top/names...``, each step opened without following a link."""
-    fd, path = top.fd, top.path
-    try:
-        for name in names:
-            path = os.path.join(path, name)
-            child = open_dir_at(fd, name, path)
-            if fd != top.fd:
-                os.close(fd)
-            fd = child
-    except BaseException:
-        if fd != top.fd:
-            os.close(fd)
-        raise
-    return fsutil.Directory(os.dup(fd) if fd == top.fd else fd, path)
 
 
 def _subdirs(directory: fsutil.Directory) -> List[str]:
@@ -212,7 +194,7 @@ def _walk_modules(pending: List[Tuple[str, fsutil.Directory, int]]) -> Iterator[
             for sub in _subdirs(directory):
                 with contextlib.suppress(OSError, errors.UsageError):
                     pending.append(
-                        (f"{prefix}/{sub}" if prefix else sub, _open_dirs(directory, (sub,)), depth + 1)
+                        (f"{prefix}/{sub}" if prefix else sub, directory.open_below(sub), depth + 1)
                     )
 
 
@@ -227,7 +209,7 @@ def scan(trees: paths.Trees) -> Tree:
     with software_dir:
         for name in _subdirs(software_dir):
             try:
-                name_dir = _open_dirs(software_dir, (name,))
+                name_dir = software_dir.open_below(name)
             except (OSError, errors.UsageError):
                 continue
             with name_dir:
