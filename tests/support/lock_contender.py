@@ -22,7 +22,7 @@ class FlockOnly:
         self.path = os.path.join(state_root, locking.LOCK_NAME)
 
     def __enter__(self):
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self.fd = locking.open_creating(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         fcntl.flock(self.fd, fcntl.LOCK_EX)
 
     def __exit__(self, *exc_info):

@@ -153,6 +153,23 @@ def _attempt(take: Callable[[int], bool], fd: int, what: str) -> Callable[[], bo
     return attempt
 
 
+# GlusterFS's FUSE client can answer EEXIST to an open with O_CREAT but without O_EXCL when
+# another client creates the same name at that moment; the file is there then, so the open is
+# made again. Bounded: a name that keeps answering EEXIST is reported as it is.
+_CREATE_RACE_ATTEMPTS = 5
+
+
+def open_creating(path, flags, mode):
+    """``os.open(path, flags, mode)`` with ``O_CREAT`` in ``flags``, made again while a
+    concurrent creation on a shared filesystem answers ``EEXIST``."""
+    for _attempt in range(_CREATE_RACE_ATTEMPTS - 1):
+        try:
+            return os.open(path, flags, mode)
+        except FileExistsError:
+            continue
+    return os.open(path, flags, mode)
+
+
 def _open_lock_file(path, state_root):
     """Open (creating, mode 0600) one of the two lock files; returns the descriptor.
 
@@ -160,7 +177,7 @@ def _open_lock_file(path, state_root):
     locking whatever it points at. ``O_CLOEXEC``: no exec'd child inherits the descriptor.
     """
     try:
-        fd = os.open(path, _OPEN_FLAGS, 0o600)
+        fd = open_creating(path, _OPEN_FLAGS, 0o600)
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise errors.UsageError(f"lock file {path} is a symbolic link; refusing to follow it") from None
