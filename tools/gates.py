@@ -14,11 +14,16 @@ test files that cost the most CPU seconds (summed over the pytest gates: the two
 the limit of a run, see tests/support/cputime.py) and the run's wall time, so a change that
 slows the suite shows in every run.
 
+The pytest gate runs one and a half workers per core (three on two cores): a worker spends
+about a third of its time waiting on the processes its tests start (Slurm, EasyBuild,
+ansible-playbook, a sandbox's retries), and with one worker per core that time left the cores
+idle (measured on two cores: 0.7 of them busy with two workers, 0.9 with three). The unit
+tests never wait: that gate, and other-cpu's few tests, keep one worker per core.
+
 The two static gates that take half a minute of one core (ansible-sanity, on the built
 collection alone: see tools/ansible-sanity.sh; ansible-lint) run in the background while
-pytest runs, when both are selected: pytest's workers leave about a
-fifth of two cores idle (they wait on the processes the tests start), which is where those
-gates fit. Their output is kept and printed, in gate order, once pytest's has been.
+pytest runs, when both are selected, in what idle time pytest's workers still leave.
+Their output is kept and printed, in gate order, once pytest's has been.
 other-cpu stays after pytest: its tests use the same Slurm and rollout fixtures as the
 suite's, which run one at a time.
 
@@ -57,6 +62,9 @@ from tests.support import cputime  # noqa: E402
 
 PYTHON = sys.executable
 PYTEST = [PYTHON, "-m", "pytest", "-p", "xdist", "-n", "auto", "--dist", "loadgroup"]
+# The whole suite's workers: one and a half per core (see the module's docstring).
+SUITE_WORKERS = max(2, len(os.sched_getaffinity(0)) * 3 // 2)
+SUITE_PYTEST = [PYTHON, "-m", "pytest", "-p", "xdist", "-n", str(SUITE_WORKERS), "--dist", "loadgroup"]
 # Two workers, a group of test files each (tests/integration/harness/cluster.py): a group's
 # tests share the cluster its worker made.
 CLUSTER_PYTEST = [PYTHON, "-m", "pytest", "-p", "xdist", "-n", "2", "--dist", "loadgroup"]
@@ -124,7 +132,7 @@ def gates(pytest_args: list[str], reports: Path) -> list[Gate]:
         ),
         Gate(
             "pytest",
-            [*PYTEST, "-m", "not cluster", f"--durations={SLOWEST}", cpu("pytest"), *pytest_args],
+            [*SUITE_PYTEST, "-m", "not cluster", f"--durations={SLOWEST}", cpu("pytest"), *pytest_args],
             "unit and integration tests",
         ),
         Gate(
