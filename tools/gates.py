@@ -17,7 +17,7 @@ slows the suite shows in every run.
 The pytest gate runs one and a half workers per core (three on two cores): a worker spends
 about a third of its time waiting on the processes its tests start (Slurm, EasyBuild,
 ansible-playbook, a sandbox's retries), and with one worker per core that time left the cores
-idle (measured on two cores: 0.7 of them busy with two workers, 0.9 with three). The unit
+idle (measured on two cores: 0.71 of them busy with two workers, 0.83 with three). The unit
 tests never wait: that gate, and other-cpu's few tests, keep one worker per core.
 
 The two static gates that take half a minute of one core (ansible-sanity, on the built
