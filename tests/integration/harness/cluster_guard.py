@@ -213,13 +213,17 @@ class ClusterGuard:
 
     # --- plays ----------------------------------------------------------------------------
     def ansible_env(self) -> dict:
-        """Ansible's environment on the controller: the collection, and its files under the root."""
+        """Ansible's environment on the controller: the collection, and its files under the root,
+        the SSH masters that ControlPersist keeps between plays too (the ssh connection's
+        directory is ~/.ansible/cp whatever ANSIBLE_HOME says), so that ``guard_root`` finds
+        them to close."""
         home = self.root / "ansible"
         return ansible_env(
             {
                 "ANSIBLE_COLLECTIONS_PATH": str(self.root / "collections"),
                 "ANSIBLE_HOME": str(home),
                 "ANSIBLE_LOCAL_TEMP": str(home / "tmp"),
+                "ANSIBLE_SSH_CONTROL_PATH_DIR": str(home / "cp"),
             }
         )
 
