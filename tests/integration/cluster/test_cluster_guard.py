@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -32,7 +33,6 @@ from tests.integration.harness.cluster_guard import (
     SLURM_CONF,
     VERSION,
     ClusterGuard,
-    guard_root,
 )
 
 pytestmark = CLUSTER_GUARD
@@ -50,12 +50,13 @@ OWN = {"TMPDIR", "HOME", "USER", "LOGNAME"}
 
 
 @pytest.fixture(scope="module")
-def guard(cluster, lmod):
-    with guard_root(cluster, lmod) as site:
-        yield site
-        site.clear_runlogs()
-        for what, seconds in site.timings:
-            print(f"play {what}: {seconds:.1f} s")
+def guard(cluster_guard: ClusterGuard) -> Iterator[ClusterGuard]:
+    """The worker's guard root (conftest.py), this module's plays timed apart."""
+    del cluster_guard.timings[:]
+    yield cluster_guard
+    cluster_guard.clear_runlogs()
+    for what, seconds in cluster_guard.timings:
+        print(f"play {what}: {seconds:.1f} s")
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -28,7 +29,6 @@ from tests.integration.harness.cluster_guard import (
     SLURM_CONF,
     ClusterGuard,
     LoopJob,
-    guard_root,
 )
 from tests.integration.harness.guard_slurm import job_output
 
@@ -53,11 +53,12 @@ CONF_CACHE = "/var/spool/slurmd/conf-cache/slurm.conf"
 
 
 @pytest.fixture(scope="module")
-def guard(cluster, lmod):
-    with guard_root(cluster, lmod) as site:
-        yield site
-        for what, seconds in site.timings:
-            print(f"play {what}: {seconds:.1f} s")
+def guard(cluster_guard: ClusterGuard) -> Iterator[ClusterGuard]:
+    """The worker's guard root (conftest.py), this module's plays timed apart."""
+    del cluster_guard.timings[:]
+    yield cluster_guard
+    for what, seconds in cluster_guard.timings:
+        print(f"play {what}: {seconds:.1f} s")
 
 
 @pytest.fixture(scope="module")
@@ -175,10 +176,13 @@ def _assert_rollout_and_removal_under_load(
     *,
     site: bool,
     owner: str,
+    refused_state: str,
     fetched: bool = False,
     **more,
 ) -> None:
-    """The rollout, an idempotent rerun and the removal, with the job loop running all along.
+    """The rollout, an idempotent rerun, a refused run of the role (``refused_state``: present
+    or absent) with the kept line gone from the configuration's owner, and the removal, with
+    the job loop running through the rollout and the removal.
     ``fetched``: every slurmd runs the configuration it fetched from the controller
     (configless), whose file alone the role edits: the nodes' own files stay as they are;
     and a job's tasks are repaired as with the nodes' own files."""
@@ -224,27 +228,29 @@ def _assert_rollout_and_removal_under_load(
                 for node in [guard.cluster.controller, *guard.compute]
             }
 
-            again = guard.role(f"{name}: the role again", inventory, **settings)
-            assert (again.done.returncode, again.failed, again.changed) == (0, 0, 0), again.output[-6000:]
+            # Plays that write nothing (the checks after them say so): no job is submitted
+            # meanwhile; the loop's jobs go on for the removal.
+            with loop.paused():
+                again = guard.role(f"{name}: the role again", inventory, **settings)
+                assert (again.done.returncode, again.failed, again.changed) == (0, 0, 0), again.output[-6000:]
 
-            # The kept line gone from the owner (another host kept it): refused, the line as it is.
-            owner_node = guard.cluster.node(owner)
-            owner_node.run(["mv", STATE_FILE, f"{STATE_FILE}.away"])
-            try:
-                lost = guard.role(f"{name}: the kept line elsewhere (refused)", inventory, **settings)
-                unkept = guard.role(
-                    f"{name}: absent, the kept line elsewhere (refused)",
-                    inventory,
-                    **dict(settings, arch_guard_state="absent"),
-                )
-            finally:
-                owner_node.run(["mv", f"{STATE_FILE}.away", STATE_FILE])
-            for refused in (lost, unkept):
+                # The kept line gone from the owner (another host kept it): refused, the line as
+                # it is. The state asked for is ``refused_state``: the layouts' tests take one each.
+                owner_node = guard.cluster.node(owner)
+                owner_node.run(["mv", STATE_FILE, f"{STATE_FILE}.away"])
+                try:
+                    refused = guard.role(
+                        f"{name}: {refused_state}, the kept line elsewhere (refused)",
+                        inventory,
+                        **dict(settings, arch_guard_state=refused_state),
+                    )
+                finally:
+                    owner_node.run(["mv", f"{STATE_FILE}.away", STATE_FILE])
                 assert refused.done.returncode == 2, refused.output[-6000:]
                 assert f"but {STATE_FILE} is not there" in refused.stdout
-            assert _conf(guard) == installed
-            for node in guard.compute:
-                assert node.run(["test", "-x", LAUNCHER], check=False).returncode == 0, node.name
+                assert _conf(guard) == installed
+                for node in guard.compute:
+                    assert node.run(["test", "-x", LAUNCHER], check=False).returncode == 0, node.name
 
             removing = time.monotonic()
             removal = guard.role(f"{name}: absent", inventory, **dict(settings, arch_guard_state="absent"))
@@ -341,7 +347,9 @@ class TestSharedSlurmConf:
     def test_rollout_and_removal_fail_no_job_chain_the_site_s_prolog_and_put_its_line_back(
         self, guard, shared, login_env
     ):
-        _assert_rollout_and_removal_under_load(guard, login_env, "shared", {}, site=True, owner="c1")
+        _assert_rollout_and_removal_under_load(
+            guard, login_env, "shared", {}, site=True, owner="c1", refused_state="present"
+        )
 
 
 # ------------------------------------------------------------------ configless Slurm
@@ -381,6 +389,7 @@ class TestConfigless:
             {"controller": ["ctl"]},
             site=False,
             owner="ctl",
+            refused_state="absent",
             fetched=True,
             arch_guard_slurm_conf_host="ctl",
         )

@@ -324,60 +324,6 @@ def _report_lines(play) -> list:
     return [line.strip().strip('",') for line in found.group(1).splitlines() if line.strip()]
 
 
-def test_fleet_gc_keeps_the_tree_a_job_on_a_compute_node_holds_and_removes_it_once_the_job_ends(
-    prepared, cluster
-):
-    live = prepared
-    inventory = cluster.inventory(
-        {"build_hosts": [BUILD_NODE], "compute": list(COMPUTE_NODES)}, path=live.scratch / "fleet.yml"
-    )
-    # The same fleet with one more compute node that cannot be reached (nothing listens there).
-    fleet = json.loads(inventory.read_text())
-    fleet["all"]["children"]["compute"]["hosts"]["dead1"] = {"ansible_host": "127.0.0.1", "ansible_port": 1}
-    with_dead = live.scratch / "fleet-dead.yml"
-    with_dead.write_text(json.dumps(fleet))
-    held = f"{live.installpath}/software/{LIB}/share/tinylib/greeting.txt"
-    lib_dir = f"{live.installpath}/software/{tinypkgs.LIB}"
-    earlier = set(live.build.run(["ls", "-a", lib_dir]).stdout.split())  # other tests' old trees
-    job = HoldingJob(cluster, live, held)
-    try:
-        published = live.rebuild(tinypkgs.write_packages(live.scratch / "gen-fleet", greeting="held"))
-        assert published.failed == 0, published.output
-        names = set(live.build.run(["ls", "-a", lib_dir]).stdout.split()) - earlier
-        (retired,) = [f"{lib_dir}/{name}" for name in names if name.startswith(".1.0.")]
-
-        held_play = _fleet_gc(live, inventory)
-    finally:
-        job.stop()
-
-    assert held_play.failed == 0, held_play.output
-    lines = _report_lines(held_play)
-    (kept,) = [line for line in lines if line.startswith(f"kept {retired}:")]
-    assert f"in use on {JOB_NODE} by 1 process" in kept, lines
-    assert f"jobs {job.job_id}" in kept, lines
-    assert live.build.run(["test", "-d", retired], check=False).returncode == 0
-
-    unanswered = _fleet_gc(live, with_dead)
-    checked = _fleet_gc(live, inventory, "--check")
-
-    assert unanswered.failed == 0, unanswered.output
-    assert f"kept {retired}: no answer from dead1: every tree is kept" in _report_lines(unanswered)
-    assert "no answer from dead1: every tree is kept" in _report_lines(unanswered)
-    assert f"removed {retired}" in _report_lines(checked)
-    assert live.build.run(["test", "-d", retired], check=False).returncode == 0, "check mode removed it"
-
-    removed = _fleet_gc(live, inventory)
-    again = _fleet_gc(live, inventory)
-
-    assert removed.failed == 0, removed.output
-    assert f"removed {retired}" in _report_lines(removed)
-    assert removed.recap[BUILD_NODE][1] == 1, removed.output  # the one change: the removal
-    assert live.build.run(["test", "-e", retired], check=False).returncode == 1
-    assert again.failed == 0, again.output
-    assert again.recap[BUILD_NODE][1] == 0, again.output
-    assert not any(line.startswith("removed ") for line in _report_lines(again))
-
-
 class SleepJob:
     """A ``sleep`` job on a compute node, submitted from the login node: it holds nothing of
     the tree, so only gc's Slurm rule can keep a tree for it."""
@@ -405,39 +351,88 @@ class SleepJob:
             time.sleep(0.1)
 
 
-def test_fleet_gc_keeps_a_tree_for_a_job_that_started_before_the_swap_and_not_for_one_after(
+def _wait_gone(cluster, job_id: str) -> None:
+    """Until Slurm no longer lists job ``job_id`` (ended, not completing)."""
+    login = cluster.node("login")
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while login.run(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False).stdout.strip():
+        assert time.monotonic() < deadline, f"job {job_id} still listed"
+        time.sleep(0.1)
+
+
+def test_fleet_gc_keeps_a_tree_a_process_or_an_earlier_job_holds_and_removes_it_once_neither_is_left(
     prepared, cluster
 ):
+    """One publish retires a tree that a job on c1 holds open (a process of the fleet) while
+    a job on c2 that holds nothing started before the swap (gc's Slurm rule). gc keeps it for
+    the process, names a fleet host that does not answer, shows the removal in check mode
+    and, with Slurm asked, keeps it for the earlier job; once that job ends it removes it,
+    whatever job started after the swap, and the next run finds nothing to do."""
     live = prepared
     inventory = cluster.inventory(
-        {"build_hosts": [BUILD_NODE], "compute": list(COMPUTE_NODES)}, path=live.scratch / "fleet-slurm.yml"
+        {"build_hosts": [BUILD_NODE], "compute": list(COMPUTE_NODES)}, path=live.scratch / "fleet.yml"
     )
+    # The same fleet with one more compute node that cannot be reached (nothing listens there).
+    fleet = json.loads(inventory.read_text())
+    fleet["all"]["children"]["compute"]["hosts"]["dead1"] = {"ansible_host": "127.0.0.1", "ansible_port": 1}
+    with_dead = live.scratch / "fleet-dead.yml"
+    with_dead.write_text(json.dumps(fleet))
     # The build node asks the cluster's controller, as a build host that is a Slurm client does.
     live.build.write(SLURM_CONF, cluster.controller.read(SLURM_CONF))  # the node's own /etc
+    held = f"{live.installpath}/software/{LIB}/share/tinylib/greeting.txt"
     lib_dir = f"{live.installpath}/software/{tinypkgs.LIB}"
-    earlier = set(live.build.run(["ls", "-a", lib_dir]).stdout.split())
+    earlier = set(live.build.run(["ls", "-a", lib_dir]).stdout.split())  # other tests' old trees
     before = SleepJob(cluster, "c2")
     after = None
     try:
-        time.sleep(1.2)  # squeue gives start times to the second
-        published = live.rebuild(tinypkgs.write_packages(live.scratch / "gen-slurm", greeting="slurm"))
-        assert published.failed == 0, published.output
-        names = set(live.build.run(["ls", "-a", lib_dir]).stdout.split()) - earlier
-        (retired,) = [f"{lib_dir}/{name}" for name in names if name.startswith(".1.0.")]
+        job = HoldingJob(cluster, live, held)
+        try:
+            time.sleep(1.2)  # squeue gives start times to the second
+            published = live.rebuild(tinypkgs.write_packages(live.scratch / "gen-fleet", greeting="held"))
+            assert published.failed == 0, published.output
+            names = set(live.build.run(["ls", "-a", lib_dir]).stdout.split()) - earlier
+            (retired,) = [f"{lib_dir}/{name}" for name in names if name.startswith(".1.0.")]
 
-        kept = _fleet_gc(live, inventory, "-e", "staged_squeue=true")
-        time.sleep(1.2)
+            held_play = _fleet_gc(live, inventory)
+        finally:
+            job.stop()
+        _wait_gone(cluster, job.job_id)
+
+        assert held_play.failed == 0, held_play.output
+        lines = _report_lines(held_play)
+        (kept,) = [line for line in lines if line.startswith(f"kept {retired}:")]
+        assert f"in use on {JOB_NODE} by 1 process" in kept, lines
+        assert f"jobs {job.job_id}" in kept, lines
+        assert live.build.run(["test", "-d", retired], check=False).returncode == 0
+
+        unanswered = _fleet_gc(live, with_dead)
+        checked = _fleet_gc(live, inventory, "--check")
+        by_slurm = _fleet_gc(live, inventory, "-e", "staged_squeue=true")
+
+        assert unanswered.failed == 0, unanswered.output
+        assert f"kept {retired}: no answer from dead1: every tree is kept" in _report_lines(unanswered)
+        assert "no answer from dead1: every tree is kept" in _report_lines(unanswered)
+        assert f"removed {retired}" in _report_lines(checked)
+        assert live.build.run(["test", "-d", retired], check=False).returncode == 0, "check mode removed it"
+        assert by_slurm.failed == 0, by_slurm.output
+        assert f"kept {retired}: 1 running job started before the swap ({before.job_id})" in _report_lines(
+            by_slurm
+        )
+
         after = SleepJob(cluster, "c3")
         before.cancel()
         removed = _fleet_gc(live, inventory, "-e", "staged_squeue=true")
+        again = _fleet_gc(live, inventory, "-e", "staged_squeue=true")
     finally:
         before.cancel()
         if after is not None:
             after.cancel()
         live.build.run(["rm", "-f", SLURM_CONF])
 
-    assert kept.failed == 0, kept.output
-    assert f"kept {retired}: 1 running job started before the swap ({before.job_id})" in _report_lines(kept)
     assert removed.failed == 0, removed.output
     assert f"removed {retired}" in _report_lines(removed), removed.output
+    assert removed.recap[BUILD_NODE][1] == 1, removed.output  # the one change: the removal
     assert live.build.run(["test", "-e", retired], check=False).returncode == 1
+    assert again.failed == 0, again.output
+    assert again.recap[BUILD_NODE][1] == 0, again.output
+    assert not any(line.startswith("removed ") for line in _report_lines(again))

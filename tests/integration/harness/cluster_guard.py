@@ -213,13 +213,17 @@ class ClusterGuard:
 
     # --- plays ----------------------------------------------------------------------------
     def ansible_env(self) -> dict:
-        """Ansible's environment on the controller: the collection, and its files under the root."""
+        """Ansible's environment on the controller: the collection, and its files under the root,
+        the SSH masters that ControlPersist keeps between plays too (the ssh connection's
+        directory is ~/.ansible/cp whatever ANSIBLE_HOME says), so that ``guard_root`` finds
+        them to close."""
         home = self.root / "ansible"
         return ansible_env(
             {
                 "ANSIBLE_COLLECTIONS_PATH": str(self.root / "collections"),
                 "ANSIBLE_HOME": str(home),
                 "ANSIBLE_LOCAL_TEMP": str(home / "tmp"),
+                "ANSIBLE_SSH_CONTROL_PATH_DIR": str(home / "cp"),
             }
         )
 
@@ -331,12 +335,17 @@ class LoopJob:
 
 class JobLoop:
     """A thread that submits ``srun -N3 -n3`` from the login node every ``period`` seconds, as
-    users do while the guard is rolled out, and keeps every job's outcome."""
+    users do while the guard is rolled out, and keeps every job's outcome. ``paused()``
+    submits none for a while: each job is a guard's repair on three nodes, CPU that plays
+    which change nothing on the nodes need not be checked against."""
 
     def __init__(self, guard: ClusterGuard, work: Path, env: dict, period: float) -> None:
         self.guard, self.work, self.env, self.period = guard, work, env, period
         self.jobs: list = []
         self._stop = threading.Event()
+        self._running = threading.Event()
+        self._running.set()
+        self._idle = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> JobLoop:
@@ -348,11 +357,27 @@ class JobLoop:
 
     def stop(self) -> None:
         self._stop.set()
+        self._running.set()
         self._thread.join(JOB_TIMEOUT + 10)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No job submitted inside the block; the one running when it starts is waited for."""
+        self._idle.clear()
+        self._running.clear()
+        try:
+            assert self._idle.wait(JOB_TIMEOUT + 10), "the loop's job did not end"
+            yield
+        finally:
+            self._running.set()
 
     def _run(self) -> None:
         argv = ["srun", "--quiet", "-N3", "-n3", "--overcommit", "--label", "/bin/sh", "-c", LOOP_TASK]
         while not self._stop.is_set():
+            if not self._running.is_set():
+                self._idle.set()
+                self._running.wait()
+                continue
             started = time.monotonic()
             try:
                 done = self.guard.login.run(
