@@ -16,12 +16,13 @@ stay ``staged``. ``discard_staged`` ends each run ``failed`` with its stage remo
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..common import errors
 from ..common.deadline import SigtermHeld
 from . import fsutil, locking, modulefile, operations, paths, planner, rebuild, rollback
 from . import journal as journals
+from .faults import Faults
 from .journal import Journal, RunKind, RunState
 
 Progress = Callable[[str], None]
@@ -100,7 +101,10 @@ def check_still_planned(journal: Journal) -> None:
 
 
 def publish_staged(
-    runs: Sequence[Tuple[str, str]], lock_timeout: float, progress: Progress
+    runs: Sequence[Tuple[str, str]],
+    lock_timeout: float,
+    progress: Progress,
+    faults: Optional[Mapping[str, Faults]] = None,
 ) -> Dict[str, Any]:
     """Publish every run of ``runs`` (``(state_root, run_id)`` pairs), all staged, under every
     state root's lock; ``{"published": [{"state_root", "run_id"}...], "runs": [summary...]}``.
@@ -108,12 +112,14 @@ def publish_staged(
     Refused, publishing nothing, unless every run is staged and still as planned. A publish
     that fails ends its own run ``failed`` (reversed); the runs published before it by this
     call are rolled back (``rolled_back``), the rest stay ``staged``, and the PublishError
-    says all of that."""
+    says all of that. ``faults`` (by state root) is for tests: each run's fault injection."""
     state_roots = _state_roots(runs)
     with _locked(state_roots, lock_timeout):
         staged = _staged_journals(runs, "publish")
         for journal in staged:
             check_still_planned(journal)
+            if faults is not None and journal.state_root in faults:
+                journal.faults = faults[journal.state_root]
         published: List[Journal] = []
         for journal in staged:
             progress(f"publishing run {journal.run_id} in {journal.state_root}")
