@@ -469,3 +469,45 @@ def test_a_failed_second_publish_rolls_back_the_first(pair):
     assert _journal(by_root[failing]).run.error is not None
     assert [_live_state(site) for site in pair.sites] == before
     assert [_greeting(site) for site in pair.sites] == [tinypkgs.GREETING] * 2
+
+
+def test_a_run_named_twice_is_refused_before_anything_is_published(pair):
+    """Published twice, a run's second exchange would put its old tree back under a journal
+    that says published."""
+    first = pair.sites[0]
+    before = [site.snapshot() for site in pair.sites]
+    twice = [pair.runs()[0], (str(first.state_root) + "/", RUN_ID)]
+
+    with pytest.raises(errors.UsageError) as raised:
+        staged.publish_staged(twice, 0, lambda line: None)
+
+    assert str(raised.value) == f"run {RUN_ID} in {first.state_root} is named twice"
+    assert [site.snapshot() for site in pair.sites] == before
+    assert _journal(first).state is journals.RunState.STAGED
+
+
+# --- what the submitting side hands the engine ----------------------------------------------
+
+
+def test_a_target_that_is_no_plain_name_is_refused_and_no_run_is_made(live_site):
+    site = live_site
+
+    with pytest.raises(errors.UsageError) as raised:
+        rebuild.queue(_request(site, site.write_packages("gen2")), str(site.state_root), target="../zen3")
+
+    assert str(raised.value) == "target '../zen3' is not a plain name"
+    assert not (site.state_root / "runs").exists()
+
+
+@pytest.mark.parametrize("job_id", ["", "12.5", "123;rm -rf /", "12\n13", "1" * 21])
+def test_a_job_id_that_is_not_digits_is_refused_and_not_recorded(live_site, job_id):
+    site = live_site
+    journal = rebuild.queue(_request(site, site.write_packages("gen2")), str(site.state_root))
+    written = Path(journal.path).read_bytes()
+
+    with pytest.raises(errors.UsageError) as raised:
+        rebuild.record_job(journal, job_id)
+
+    assert str(raised.value) == f"job id {job_id!r} is not a job id (digits)"
+    assert Path(journal.path).read_bytes() == written
+    assert _journal(site).run.job.job_id is None
