@@ -271,6 +271,9 @@ def _kill_group(child: subprocess.Popen) -> None:
     # that stayed in the group.
     with contextlib.suppress(ProcessLookupError):
         os.killpg(child.pid, signal.SIGKILL)
+    if child.stdin is not None:  # input a child never read: nobody reads it now
+        with contextlib.suppress(OSError):
+            child.stdin.close()
     try:
         child.communicate(timeout=POST_KILL_WAIT_SECONDS)
     except subprocess.TimeoutExpired:
