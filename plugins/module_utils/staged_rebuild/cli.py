@@ -398,11 +398,13 @@ def _runs_of(args):
 
 
 def cmd_publish(args, now):
-    return commands.publish_runs(_runs_of(args), settings.lock_timeout(vars(args)), _progress(args))
+    runs = _runs_of(args)
+    return commands.publish_runs(runs, settings.lock_timeout(vars(args)), _progress(args))
 
 
 def cmd_discard(args, now):
-    return commands.discard_runs(_runs_of(args), settings.lock_timeout(vars(args)))
+    runs = _runs_of(args)
+    return commands.discard_runs(runs, settings.lock_timeout(vars(args)))
 
 
 def cmd_probe(args, now):

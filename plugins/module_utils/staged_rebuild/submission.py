@@ -273,6 +273,7 @@ class Queued:
 
 
 def submit(
+    sbatch: str,
     planned: Sequence[PlannedJob],
     queued: Sequence[Queued],
     env: Mapping[str, str],
@@ -283,7 +284,6 @@ def submit(
     """Submit ``planned`` (``plan_jobs``' order: ``queued`` first, then the publish job) and
     record each target's job id in its journal; on sbatch's refusal cancel what went in and
     end every queued run ``failed`` (``SubmitError`` then, exit 1)."""
-    sbatch = slurmjob.find_sbatch(env)
     publish_job = None
     try:
         for job, entry in zip(planned, queued):
@@ -406,6 +406,7 @@ def submit_rebuild(
     prepared: Prepared, planned: Sequence[PlannedJob], env: Mapping[str, str]
 ) -> Dict[str, Any]:
     """Queue every run of ``prepared`` and submit ``planned``: the result ``--json`` prints."""
+    sbatch = slurmjob.find_sbatch(env)  # before any journal: a refusal leaves nothing behind
     queued: List[Queued] = []
     try:
         for placement, request in zip(prepared.placements, prepared.requests):
@@ -415,7 +416,7 @@ def submit_rebuild(
         for entry in queued:
             rebuild.end_queued(entry.journal, f"not submitted: {errors.marked(err)}")
         raise
-    return submit(planned, queued, env, record_job=rebuild.record_job, end_failed=rebuild.end_queued)
+    return submit(sbatch, planned, queued, env, record_job=rebuild.record_job, end_failed=rebuild.end_queued)
 
 
 # A run in one of these states has a job that matters now: waiting, or building.
