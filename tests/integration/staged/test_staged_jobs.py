@@ -26,7 +26,7 @@ import pytest
 
 import checkout
 from tests.integration.harness.slurm import SLURM
-from tests.support.staged import StagedSite, snapshot
+from tests.support.staged import StagedSite
 
 pytestmark = SLURM
 
