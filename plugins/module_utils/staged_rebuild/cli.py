@@ -44,19 +44,24 @@ EXAMPLES = {
     "rebuild": (
         "eb-staged-rebuild rebuild --dry-run --installpath /apps --module GROMACS/2024.1-foss-2023b \\",
         "    -- GROMACS-2024.1-foss-2023b.eb --robot",
-        "eb-staged-rebuild --state-root /apps/.staged rebuild --backend bwrap --run-id fix-4711 \\",
-        "    --installpath /apps --module hello/1.0 -- hello-1.0.eb",
         "eb-staged-rebuild rebuild --dry-run --installpath /apps --module zlib/1.3.1-GCCcore-13.2.0 \\",
         "    --with-dependants -- zlib-1.3.1-GCCcore-13.2.0.eb",
         "eb-staged-rebuild rebuild --job --targets-file /apps/targets.ini --target all --publish together \\",
         "    --job-cores 16 --job-max-walltime 4 --module hello/1.0 -- hello-1.0.eb",
     ),
-    "job-start": ("eb-staged-rebuild job-start fix-4711 --state-root /apps/zen3/.eb-staged-rebuild",),
+    "job-start": (
+        "eb-staged-rebuild job-start fix-4711 --state-root /apps/.staged   # a job's script runs this",
+        "eb-staged-rebuild job-start fix-4711 --state-root /apps/zen3/.eb-staged-rebuild \\",
+        "    --targets-file /apps/targets.ini",
+    ),
     "publish": (
         "eb-staged-rebuild publish fix-4711 --targets-file /apps/targets.ini --target all",
         "eb-staged-rebuild --state-root /apps/.staged publish fix-4711",
     ),
-    "discard": ("eb-staged-rebuild discard fix-4711 --targets-file /apps/targets.ini --target all",),
+    "discard": (
+        "eb-staged-rebuild discard fix-4711 --targets-file /apps/targets.ini --target all",
+        "eb-staged-rebuild --state-root /apps/.staged discard fix-4711",
+    ),
     "resume": (
         "eb-staged-rebuild resume            # every interrupted run",
         "eb-staged-rebuild resume fix-4711   # only this one",
@@ -75,7 +80,6 @@ EXAMPLES = {
         "eb-staged-rebuild gc --no-squeue       # on a host without Slurm: the grace period alone",
     ),
     "status": (
-        "eb-staged-rebuild status",
         "eb-staged-rebuild status fix-4711",
         "eb-staged-rebuild status --targets-file /apps/targets.ini --target all   # with the jobs' states",
         "eb-staged-rebuild --json status | jq -r '.runs[] | select(.state != \"published\") | .run_id'",

@@ -220,9 +220,10 @@ def select(site: Site, names: Sequence[str]) -> List[Target]:
     return chosen
 
 
-def check_cpu(site: Site, target: Target, env: Mapping[str, str], deadline: Deadline) -> None:
-    """Refuse (``PublishError``, nothing built) unless archdetect on this node answers the
-    target's cpu. The site's script, else EESSI's own (``$EESSI_INIT_PREFIX``, ``$EESSI_PREFIX``)."""
+def check_cpu(site: Site, target: Target, env: Mapping[str, str], deadline: Deadline) -> str:
+    """archdetect's answer on this node when it is the target's cpu; else refuse
+    (``PublishError``: nothing was built). The site's script, else EESSI's own
+    (``$EESSI_INIT_PREFIX``, ``$EESSI_PREFIX``)."""
     node = slurmjob.this_node(env)
     try:
         script = site.archdetect or archdetect.find_script(env)
@@ -240,3 +241,4 @@ def check_cpu(site: Site, target: Target, env: Mapping[str, str], deadline: Dead
         raise errors.PublishError(
             f"this node ({node}) is {answer}, not {target.cpu} (target {target.name}): nothing was built"
         )
+    return answer

@@ -181,7 +181,7 @@ def node_env(cpuinfo, **extra):
 
 def test_a_node_whose_archdetect_agrees_with_the_target_passes(tmp_path):
     site = targets.load(write(tmp_path, SITE))
-    targets.check_cpu(site, site.targets["zen3"], node_env(ZEN3), Deadline(30))
+    assert targets.check_cpu(site, site.targets["zen3"], node_env(ZEN3), Deadline(30)) == "x86_64/amd/zen3"
 
 
 def test_a_node_of_another_target_is_refused_before_anything_is_built(tmp_path):
@@ -203,8 +203,9 @@ def test_archdetect_that_fails_refuses_with_its_reason(tmp_path):
 
 def test_without_a_site_script_eessi_s_own_is_run(tmp_path):
     site = targets.load(write(tmp_path, SITE.replace(f"archdetect = {ARCHDETECT}\n", "")))
-    targets.check_cpu(
+    found = targets.check_cpu(
         site, site.targets["zen3"], node_env(ZEN3, EESSI_INIT_PREFIX=str(EESSI_LIKE)), Deadline(30)
     )
+    assert found == "x86_64/amd/zen3"
     with pytest.raises(errors.PublishError, match=r"cannot tell its CPU target: no eessi_archdetect\.sh"):
         targets.check_cpu(site, site.targets["zen3"], node_env(ZEN3), Deadline(30))
