@@ -28,6 +28,7 @@ from . import (
     rollback,
     runningjobs,
     settings,
+    staged,
     uptodate,
 )
 from . import gc as gc_module
@@ -109,6 +110,37 @@ def run_rebuild(request, state_root, progress, env, dry_run=False) -> dict:
     return rebuild.rebuild(request, state_root, progress, env)
 
 
+def queue_rebuild(request, state_root, *, target=None):
+    """The run of ``request`` for a batch job, in state ``queued`` (``rebuild.queue``); the
+    caller submits the job and records its id with ``record_job``. Returns the journal."""
+    return rebuild.queue(request, state_root, target=target)
+
+
+def record_job(journal, job_id) -> None:
+    """Save the scheduler's id of the queued run's job."""
+    rebuild.record_job(journal, job_id)
+
+
+def start_job(state_root, run_id, progress, env, *, node, check_node=None) -> dict:
+    """What a batch job runs: its queued run started on ``node``, built, planned, and
+    published or left ``staged`` (``rebuild.start_queued``)."""
+    state_root = existing_state_root(state_root)
+    return rebuild.start_queued(state_root, run_id, progress, env, node=node, check_node=check_node)
+
+
+def publish_runs(runs, lock_timeout, progress) -> dict:
+    """Publish staged runs together (``staged.publish_staged``); ``runs`` are
+    ``(state_root, run_id)`` pairs."""
+    runs = [(existing_state_root(state_root), run_id) for state_root, run_id in runs]
+    return staged.publish_staged(runs, lock_timeout, progress)
+
+
+def discard_runs(runs, lock_timeout) -> dict:
+    """End staged runs ``failed``, their stages removed (``staged.discard_staged``)."""
+    runs = [(existing_state_root(state_root), run_id) for state_root, run_id in runs]
+    return staged.discard_staged(runs, lock_timeout)
+
+
 def _runs(state_root, run_id, trees=None):
     """The run ``run_id`` (None: every run), each refused when it names other trees than
     ``trees``, those the command was given or configured (None: the journals' own are used)."""
@@ -119,8 +151,12 @@ def _runs(state_root, run_id, trees=None):
     return runs
 
 
-def resume_runs(state_root, run_id, *, lock_timeout, progress, env, dry_run=False, trees=None) -> dict:
-    """Finish or reverse interrupted runs (one, or all); with ``dry_run`` only which would be."""
+def resume_runs(
+    state_root, run_id, *, lock_timeout, progress, env, dry_run=False, trees=None, job_alive=None
+) -> dict:
+    """Finish or reverse interrupted runs (one, or all); with ``dry_run`` only which would be.
+    ``job_alive(job_id)`` (True, False, or None: cannot ask) says whether a queued run's batch
+    job is still pending or running; without it queued runs are left as they are."""
     state_root = existing_state_root(state_root)
     if run_id is not None:
         paths.check_run_id(run_id)  # before the lock: a refused request writes nothing
@@ -133,7 +169,9 @@ def resume_runs(state_root, run_id, *, lock_timeout, progress, env, dry_run=Fals
     paths.prepare_state_root(state_root)
     with locking.StateLock(state_root, lock_timeout):
         results = [
-            resume.resume_run(journal, lambda journal: rebuild.build_and_publish(journal, progress, env))
+            resume.resume_run(
+                journal, lambda journal: rebuild.build_and_publish(journal, progress, env), job_alive
+            )
             for journal in _runs(state_root, run_id, trees)
         ]
     return {"changed": any(result["changed"] for result in results), "runs": results}

@@ -81,12 +81,28 @@ def _tracked_roots(runs):
     return roots
 
 
+# A queued run may be built by its job at any moment, and a staged run's stage is what
+# ``publish`` puts live: gc keeps both, and lists them.
+WAITING = frozenset({RunState.QUEUED, RunState.STAGED})
+
+
 def _collectable(runs) -> List[journals.Journal]:
     return [
         journal
         for journal in runs
-        if journal.run.kind is RunKind.PUBLISH and journal.state not in journals.INTERRUPTED
+        if journal.run.kind is RunKind.PUBLISH
+        and journal.state not in journals.INTERRUPTED
+        and journal.state not in WAITING
     ]
+
+
+def _waiting(journal) -> Dict[str, Any]:
+    run_id = journal.run_id
+    if journal.state is RunState.STAGED:
+        why = f"staged: 'eb-staged-rebuild publish {run_id}' or 'eb-staged-rebuild discard {run_id}'"
+    else:
+        why = "queued: waiting for its job to start"
+    return {"run_id": run_id, "state": journal.state.value, "why": why}
 
 
 def retired_trees(runs) -> List[str]:
@@ -323,6 +339,9 @@ def gc(  # noqa: PLR0917 - the command line's options
         # Run directories without a journal: never loaded, never removed by gc (nothing in
         # them was published); the administrator removes them.
         "incomplete": journals.incomplete(state_root),
+        # Runs waiting for their job, or staged for ``publish``: kept whole.
+        "staged": [],
+        "queued": [],
     }
     candidates = retired_trees(runs)
     # Each run's build area too: it goes with the run's siblings unless a process uses it.
@@ -344,6 +363,8 @@ def gc(  # noqa: PLR0917 - the command line's options
                     "why": f"interrupted: 'eb-staged-rebuild {command}'",
                 }
             )
+        elif journal.state in WAITING:
+            report[journal.state.value].append(_waiting(journal))
         elif journal.run.kind is RunKind.PUBLISH:
             _collect_siblings(
                 journal,

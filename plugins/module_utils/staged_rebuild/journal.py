@@ -51,6 +51,7 @@ import enum
 import errno
 import json
 import os
+import re
 import signal
 import stat
 from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Tuple
@@ -98,9 +99,15 @@ class RunState(enum.Enum):
     ROLLED_BACK = "rolled_back"
     RETIRING = "retiring"
     RETIRED = "retired"
+    # A run made for a batch job, waiting for it to start (``rebuild.queue``).
+    QUEUED = "queued"
+    # Built and planned, its stage beside the live tree, waiting to be published together
+    # with other runs (``staged.publish_staged``) or discarded.
+    STAGED = "staged"
 
 
-# States in which a run holds work that resume must finish or reverse.
+# States in which a run holds work that resume must finish or reverse. A queued run waits
+# for its job and a staged one for ``publish`` or ``discard``: neither is interrupted.
 INTERRUPTED = frozenset(
     {RunState.BUILDING, RunState.PLANNING, RunState.PUBLISHING, RunState.ROLLING_BACK, RunState.RETIRING}
 )
@@ -315,6 +322,44 @@ class ModuleEntry:
 
 
 @dataclasses.dataclass
+class JobRecord:
+    """The batch job of a run: recorded when the run is queued (``submitted``), when the
+    scheduler answers (``job_id``: digits), and when the job starts on its ``node``."""
+
+    submitted: Timestamp
+    job_id: Optional[str] = None
+    # The site's name of the CPU target the job builds for (a plain name), if any.
+    target: Optional[str] = None
+    node: Optional[str] = None
+    started: Optional[Timestamp] = None
+
+    def check(self, where: str) -> None:
+        if self.job_id is not None and not JOB_ID.match(self.job_id):
+            raise records.RecordError(f"{where}.job_id {self.job_id!r} is not a job id (digits)")
+        for field in ("target", "node"):
+            value = getattr(self, field)
+            if value is not None and not paths.is_plain_name(value):
+                raise records.RecordError(f"{where}.{field} {value!r} is not a plain name")
+
+
+# Slurm's job ids are decimal integers; a bound keeps a hand-edited one from being prose.
+JOB_ID = re.compile(r"^[0-9]{1,20}\Z")
+
+
+def failure_reason(err: BaseException) -> str:
+    """The one line a run that ended ``failed`` because of ``err`` records as its ``error``:
+    the message the user is shown (a setting spelt as its flag), the system's words for an
+    OSError, the class name of anything else."""
+    if isinstance(err, errors.HpcstackError):
+        text = str(err)
+    elif isinstance(err, OSError) and err.strerror:
+        text = err.strerror + (f" ({err.filename})" if err.filename else "")
+    else:
+        text = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+    return " ".join(text.split())
+
+
+@dataclasses.dataclass
 class Run:
     """One run: a publish (a rebuild) or a retire. The last two groups belong to one kind each."""
 
@@ -334,6 +379,12 @@ class Run:
     relocated_files: Optional[int] = None
     refused: Optional[bool] = None
     resumed: Optional[Timestamp] = None
+    # A run made for a batch job: the job (``JobRecord``).
+    job: Optional[JobRecord] = None
+    # A failed run: the one line it failed with (``failure_reason``), and whether it ended
+    # because the process was told to stop (SIGTERM: scancel, systemd).
+    error: Optional[str] = None
+    cancelled: Optional[bool] = None
     # retire
     module_file: Optional[AbsPath] = None
     retired_to: Optional[AbsPath] = None
@@ -360,6 +411,10 @@ class Run:
         invariant = STATE_INVARIANTS.get((self.kind, self.state))
         if invariant is None:
             raise records.RecordError(f"state {self.state.value!r} is not a state of a {self.kind.value} run")
+        if self.kind is RunKind.RETIRE and self.job is not None:
+            raise records.RecordError("job is set, but a retire run has no batch job")
+        if self.job is not None:
+            self.job.check("job")
         self._check_backends()
         for index, entry in enumerate(self.modules):
             entry.check(f"modules[{index}]")
@@ -380,6 +435,12 @@ class Run:
             raise records.RecordError(
                 f"request.backend {self.request.backend!r} is not one of {', '.join(BACKENDS)}"
             )
+
+    def record_failure(self, err: BaseException) -> None:
+        """Keep why the run is about to end ``failed`` (saved with that state)."""
+        self.error = failure_reason(err)
+        if isinstance(err, errors.Terminated):
+            self.cancelled = True
 
     def check_paths(self, state_root: str) -> None:
         """Refuse a run whose paths are not where this state root's runs put them.
@@ -485,8 +546,9 @@ def _require_class(where: str, module_class: str) -> None:
         )
 
 
-# What every run of a kind has, in every state: written when the run is created.
-_PUBLISH_FIELDS = ("trees", "request", "backend")
+# What every run of a kind has, in every state: written when the run is created. A publish
+# run's ``backend`` is chosen when it starts to build (``Invariant.run_fields``).
+_PUBLISH_FIELDS = ("trees", "request")
 _RETIRE_FIELDS = ("module_file", "retired_to", "module_sha256", "software_dir", "reason", "retired_at")
 # The backends a run is built with (``backends.select``'s answers; the request may say auto).
 BUILT_WITH = tuple(name for name in BACKENDS if name != "auto")
@@ -500,9 +562,13 @@ class Invariant:
 
     modules: int = 0
     entry_fields: Tuple[str, ...] = ()
+    run_fields: Tuple[str, ...] = ()
 
     def check(self, run: Run) -> None:
         state = f"a {run.kind.value} run in state {run.state.value}"
+        for name in self.run_fields:
+            if getattr(run, name) is None:
+                raise records.RecordError(f"{name} is missing ({state} has it)")
         if len(run.modules) < self.modules:
             raise records.RecordError(f"modules is empty ({state} has at least one module)")
         for index, entry in enumerate(run.modules):
@@ -538,19 +604,27 @@ EXCEPT_WHEN: Dict[str, Tuple[str, Callable[[Run, ModuleEntry], bool]]] = {
     "module_backup": ("old_module_sha256 is null too", lambda run, entry: entry.old_module_sha256 is None),
     "old_module_sha256": ("module_backup is null too", lambda run, entry: entry.module_backup is None),
 }
-_PUBLISHED = Invariant(modules=1, entry_fields=PLANNED)
+_BUILT = ("backend",)
+_PUBLISHED = Invariant(modules=1, entry_fields=PLANNED, run_fields=_BUILT)
 # Each state a run of each kind can be in, and what it always has there. A state missing
 # from the table is no state of that kind.
 STATE_INVARIANTS: Dict[Tuple[RunKind, RunState], Invariant] = {
+    # Made on the submit host for a batch job: no backend (the job's node picks it), no modules.
+    (RunKind.PUBLISH, RunState.QUEUED): Invariant(run_fields=("job",)),
     # Created without modules; its entries saved with their live-change records in one write.
-    (RunKind.PUBLISH, RunState.BUILDING): Invariant(entry_fields=("live_record",)),
+    (RunKind.PUBLISH, RunState.BUILDING): Invariant(entry_fields=("live_record",), run_fields=_BUILT),
     # Planning fills each entry in turn: a crash leaves some entries planned, some not.
-    (RunKind.PUBLISH, RunState.PLANNING): Invariant(modules=1, entry_fields=("live_record",)),
+    (RunKind.PUBLISH, RunState.PLANNING): Invariant(
+        modules=1, entry_fields=("live_record",), run_fields=_BUILT
+    ),
+    # Planned, as a run about to publish is, and stopped there.
+    (RunKind.PUBLISH, RunState.STAGED): _PUBLISHED,
     (RunKind.PUBLISH, RunState.PUBLISHING): _PUBLISHED,
     (RunKind.PUBLISH, RunState.PUBLISHED): _PUBLISHED,
     (RunKind.PUBLISH, RunState.ROLLING_BACK): _PUBLISHED,
     (RunKind.PUBLISH, RunState.ROLLED_BACK): _PUBLISHED,
-    # Refused or reversed wherever it was: building, planning or publishing.
+    # Refused or reversed wherever it was: queued, building, planning, staged or publishing
+    # (a queued run ended failed before it built has no backend).
     (RunKind.PUBLISH, RunState.FAILED): Invariant(),
     (RunKind.RETIRE, RunState.RETIRING): Invariant(),
     (RunKind.RETIRE, RunState.RETIRED): Invariant(),
@@ -1003,6 +1077,11 @@ def summary(journal: Journal, detail: bool = False) -> Dict[str, Any]:
             reason=run.reason,
         )
     else:
+        headline.update(
+            job=records.dump(run.job) if run.job is not None else None,
+            error=run.error,
+            cancelled=run.cancelled,
+        )
         headline["modules"] = [
             {
                 "module": entry.module,

@@ -145,7 +145,7 @@ def remove_generation(trees, generation):
             directory.rmdir(name)
 
 
-def _still_staged(trees, entry):
+def still_staged(trees, entry):
     """True while the sibling holds this run's staged inode and the live path the old one
     (both read from the software root down, never through a link)."""
     if entry.stage_ino is None:
@@ -168,6 +168,6 @@ def discard_stage(journal, generation):
     """
     trees = journal.trees
     for entry in journal.modules:
-        if _still_staged(trees, entry):
+        if still_staged(trees, entry):
             fsutil.remove_tree(entry.retired_path, root=trees.software)
     remove_generation(trees, generation)

@@ -37,7 +37,7 @@ from . import (
 from . import journal as journals
 from . import syntax as module_syntax
 from .faults import Faults
-from .journal import Journal, ModuleEntry, RunKind, RunState, StepKind
+from .journal import JobRecord, Journal, ModuleEntry, RunKind, RunState, StepKind
 from .request import UNSANDBOXED_CHAIN, RebuildRequest
 
 _SHOWN_BINARIES = 10
@@ -197,6 +197,32 @@ def refuse_while_interrupted(state_root: str) -> None:
         )
 
 
+def _check_before_build(request: RebuildRequest, env: Mapping[str, str], run_id: str) -> str:
+    """The checks that pick the backend and ask EasyBuild (the last before a build, on the
+    host that builds); returns the backend."""
+    # Last of the checks: the probes run programs, and a request refused for a plain reason
+    # (in request.resolve) did not wait for them.
+    backend = backends.select(request.backend)
+    refuse_unsandboxed_chain(request, backend)
+    _check_configured_scheme(request, backend, env)
+    _check_would_build(request, backend, env, run_id)
+    return backend
+
+
+def _record_modules(journal: Journal) -> None:
+    """The run's module entries with their live-change records, saved in one write before the
+    build; a failure ends the run ``failed``."""
+    request = journal.request
+    try:
+        journal.run.modules = [ModuleEntry.of(entry) for entry in request.module_paths(journal.run_id)]
+        for entry in journal.modules:
+            planner.record_live(journal, entry, request.skip_live_check)
+        journal.save()
+    except BaseException as err:
+        end_failed(journal, request.trees.generation(journal.run_id), err)
+        raise
+
+
 def rebuild(
     request: RebuildRequest,
     state_root: str,
@@ -205,13 +231,8 @@ def rebuild(
     faults: Optional[Faults] = None,
 ) -> Dict[str, Any]:
     """Build, plan and publish ``request`` under the state-root lock; ``faults`` is for tests."""
-    # Last of the checks: the probes run programs, and a request refused for a plain reason
-    # (in request.resolve) did not wait for them.
-    backend = backends.select(request.backend)
-    refuse_unsandboxed_chain(request, backend)
-    _check_configured_scheme(request, backend, env)
     run_id = request.run_id or ""
-    _check_would_build(request, backend, env, run_id)
+    backend = _check_before_build(request, env, run_id)
     state_root = paths.prepare_state_root(state_root)
     # Read first: a journal that does not load refuses before the lock file is written. Whether
     # a run is interrupted is asked only under the lock: another run may be in progress.
@@ -229,14 +250,91 @@ def rebuild(
         )
         if faults is not None:
             journal.faults = faults
+        _record_modules(journal)
+        return build_and_publish(journal, progress, env)
+
+
+def queue(request: RebuildRequest, state_root: str, *, target: Optional[str] = None) -> Journal:
+    """The run of ``request`` for a batch job: the journal in state ``queued``, made under the
+    state lock, with the job's record (``submitted``; ``target``, the site's name of the CPU
+    target it builds for). Every check of ``request.resolve`` was made; the backend, and the
+    checks that ask EasyBuild, are the job's (``start_queued``): its node picks them. A
+    backend named (not ``auto``) that cannot build a chain is refused here already.
+    Raises UsageError (nothing written) or JournalError."""
+    if target is not None and not paths.is_plain_name(target):
+        raise errors.UsageError(f"target {target!r} is not a plain name")
+    if request.backend != "auto":
+        refuse_unsandboxed_chain(request, request.backend)
+    run_id = request.run_id or ""
+    state_root = paths.prepare_state_root(state_root)
+    journals.check_all(state_root)
+    with locking.StateLock(state_root, request.lock_timeout):
+        return Journal.create(
+            os.path.join(state_root, "runs"),
+            run_id,
+            kind=RunKind.PUBLISH,
+            state=RunState.QUEUED,
+            trees=request.trees,
+            request=request,
+            job=JobRecord(submitted=journals.now(), target=target),
+        )
+
+
+def record_job(journal: Journal, job_id: str) -> None:
+    """Save the scheduler's id of ``journal``'s job (digits; refused otherwise, unsaved)."""
+    job = journal.run.job
+    if job is None:
+        raise errors.JournalError(f"journal {journal.path}: run {journal.run_id} was not queued for a job")
+    if not journals.JOB_ID.match(job_id):
+        raise errors.UsageError(f"job id {job_id!r} is not a job id (digits)")
+    job.job_id = job_id
+    journal.save()
+
+
+def start_queued(
+    state_root: str,
+    run_id: str,
+    progress: Progress,
+    env: Mapping[str, str],
+    *,
+    node: str,
+    check_node: Optional[Callable[[Journal], None]] = None,
+    faults: Optional[Faults] = None,
+) -> Dict[str, Any]:
+    """The job's part of a queued run, under the state lock: record ``node`` and the start,
+    ``check_node(journal)`` (it raises, a PublishError, to refuse the node), the checks
+    ``rebuild`` makes before building, then build, plan, and publish, or stop ``staged``
+    when the request publishes together. A refusal ends the run ``failed`` with its reason
+    before anything is built (no generation directory is made)."""
+    paths.check_run_id(run_id)
+    if not paths.is_plain_name(node):
+        raise errors.UsageError(f"node name {node!r} is not a plain name")
+    state_root = paths.prepare_state_root(state_root)
+    # Read first: a journal that does not load refuses before the lock file is written.
+    journals.check_all(state_root)
+    lock_timeout = journals.find(state_root, run_id).request.lock_timeout
+    with locking.StateLock(state_root, lock_timeout):
+        journal = journals.find(state_root, run_id)
+        if journal.state is not RunState.QUEUED or journal.run.job is None:
+            raise errors.UsageError(
+                f"run {run_id} is {journal.state.value}, not queued; only a queued run is started by its job"
+            )
+        if faults is not None:
+            journal.faults = faults
+        journal.run.job.node = node
+        journal.run.job.started = journals.now()
+        journal.save()
+        request = journal.request
         try:
-            journal.run.modules = [ModuleEntry.of(entry) for entry in request.module_paths(run_id)]
-            for entry in journal.modules:
-                planner.record_live(journal, entry, request.skip_live_check)
-            journal.save()
+            if check_node is not None:
+                check_node(journal)
+            refuse_while_interrupted(state_root)
+            journal.run.backend = _check_before_build(request, env, run_id)
+            journal.set_state(RunState.BUILDING)
         except BaseException as err:
             end_failed(journal, request.trees.generation(run_id), err)
             raise
+        _record_modules(journal)
         return build_and_publish(journal, progress, env)
 
 
@@ -254,6 +352,7 @@ def end_failed(journal: Journal, generation: str, err: BaseException) -> None:
         operations.discard_stage(journal, generation)
     on_disk = journal.state
     journal.run.refused = True
+    journal.run.record_failure(err)
     try:
         journal.set_state(RunState.FAILED)
     except OSError as journal_err:
@@ -339,9 +438,23 @@ def build_and_publish(journal: Journal, progress: Progress, env: Mapping[str, st
             env, EB_STAGED_REBUILD_RUN_ID=journal.run_id, EB_STAGED_REBUILD_RUN_DIR=journal.run_dir
         )
         planner.plan(journal, trees, generation, prepare=request.prepare, env=plan_env)
+        if request.publish_together:
+            # Planned, nothing live changed: the stage waits beside the live tree for
+            # ``publish`` (with the other targets' runs) or ``discard``.
+            journal.set_state(RunState.STAGED)
     except BaseException as err:
         end_failed(journal, generation, err)
         raise
+    if journal.state is not RunState.STAGED:
+        publish_planned(journal)
+    return _result(journal, build.backend, warnings)
+
+
+def publish_planned(journal: Journal) -> None:
+    """Publish a planned run and remove its build area; a publish that failed and was
+    reversed discards the stage too (the new tree was never live)."""
+    trees, request = journal.trees, journal.request
+    generation = trees.generation(journal.run_id)
     try:
         publish.publish(journal, trees, request.ledger_settings())
     except BaseException:
@@ -349,12 +462,16 @@ def build_and_publish(journal: Journal, progress: Progress, env: Mapping[str, st
             operations.discard_stage(journal, generation)
         raise
     operations.remove_generation(trees, generation)
+
+
+def _result(journal: Journal, backend: str, warnings: List[str]) -> Dict[str, Any]:
+    request = journal.request
     if request.chain is not None:
         warnings = [*request.chain.warnings, *warnings]
     result = {
         "run_id": journal.run_id,
-        "backend": build.backend,
-        "sandboxed": build.backend in backends.SANDBOXED,
+        "backend": backend,
+        "sandboxed": backend in backends.SANDBOXED,
         "warnings": warnings,
         "changed": True,
         "state": journal.state.value,

@@ -84,6 +84,9 @@ class RebuildRequest:
         metavar="NAME/VERSION",
     )
     lock_timeout: float = 0.0
+    # A batch job's run that stops ``staged`` after planning, to be published together with
+    # the runs of the other CPU targets (set by the submitting side, no option of its own).
+    publish_together: bool = False
     # The ledger configuration as read when the request was made (None: no ledger).
     ledger: Optional[LedgerConfig] = None
     # With --with-dependants: the chain, whose members are ``modules_requested`` in build order.

@@ -22,14 +22,22 @@ planning           the old tree stays live; the stage is discarded
 publishing         every swapped module swapped back; the run ends ``failed``
 rolling_back       the same, back to the old tree; the run ends ``rolled_back``
 retiring           nothing: ``rollback <run>`` resolves a retire record
+queued             nothing while its batch job is pending or running (or the scheduler
+                   cannot be asked); ended ``failed`` when the scheduler no longer knows
+                   the job, or the run never got one
+staged             nothing: ``publish <run>`` or ``discard <run>`` resolves it
 =================  ==========================================================
+
+A batch job's run stopped while ``building`` is not built again here: resume may run on
+another node than the one of the job's CPU target. Its build is discarded and the run ends
+``failed``, as a build that failed does.
 """
 
 from __future__ import annotations
 
 import os
 from functools import partial
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 from . import fsutil, ledger, modulefile, operations, swap
 from .journal import INTERRUPTED, Journal, ModuleEntry, RunKind, RunState, StepKind, now, step_name
@@ -112,8 +120,14 @@ def return_to_old(journal: Journal, trees: Trees) -> List[str]:
     return actions
 
 
+# Whether the scheduler still knows a job (pending or running): True, False, or None when
+# it cannot be asked.
+JobAlive = Callable[[str], Optional[bool]]
+
+
 def _end_failed(journal: Journal, why: str) -> Dict[str, Any]:
     journal.run.resumed = now()
+    journal.run.error = why
     journal.set_state(RunState.FAILED)
     return {
         "run_id": journal.run_id,
@@ -123,33 +137,80 @@ def _end_failed(journal: Journal, why: str) -> Dict[str, Any]:
     }
 
 
-def resume_run(journal: Journal, rebuild: Callable[[Journal], Dict[str, Any]]) -> Dict[str, Any]:
-    """Resume one run; ``rebuild(journal)`` builds a ``building`` run again and publishes it."""
+def _resume_queued(
+    journal: Journal, job_alive: Optional[JobAlive], unchanged: Dict[str, Any]
+) -> Dict[str, Any]:
+    """A queued run waits for its job; one whose job the scheduler no longer knows (or that
+    never got a job id: its submission failed half-way) ends ``failed``, nothing built."""
+    job = journal.run.job
+    job_id = job.job_id if job is not None else None
+    if job_id is None:
+        return _end_failed(journal, "it has no job: its submission did not finish")
+    alive = job_alive(job_id) if job_alive is not None else None
+    if alive is None:
+        unchanged["actions"] = [f"queued for job {job_id}, whose state cannot be asked here; left queued"]
+        return unchanged
+    if alive:
+        unchanged["actions"] = [f"queued for job {job_id}, which is pending or running"]
+        return unchanged
+    return _end_failed(journal, f"its job {job_id} ended before it started")
+
+
+def _left_as_it_is(journal: Journal) -> List[str]:
+    """What resolves a run resume leaves alone (a staged run, a retire record): nothing for a finished one."""
+    if journal.state is RunState.STAGED:
+        return [
+            f"staged: 'eb-staged-rebuild publish {journal.run_id}' or 'eb-staged-rebuild discard "
+            f"{journal.run_id}' resolves it"
+        ]
+    if journal.run.kind is RunKind.RETIRE and journal.state in INTERRUPTED:
+        return [f"retire record: 'eb-staged-rebuild rollback {journal.run_id}' resolves it"]
+    return []
+
+
+def _resume_building(journal: Journal, rebuild: Callable[[Journal], Dict[str, Any]]) -> Dict[str, Any]:
+    if not journal.modules:
+        # Stopped between the journal's creation and its module list: nothing was built or
+        # staged, and the live-change record was never taken, so nothing is built now either.
+        return _end_failed(journal, "stopped before its modules were recorded: nothing built or published")
+    generation = journal.trees.generation(journal.run_id)
+    if not os.path.isdir(generation):
+        # The generation directory is made before the build starts and discarded when a run
+        # fails. Without it the run either stopped before its build, or failed when even its
+        # journal could not say so (a read-only or full state root): building it now would
+        # publish a run that failed.
+        return _end_failed(journal, "no build area: it failed or stopped before building; nothing published")
+    if journal.run.job is not None:
+        # Built again here, it would be built on this host, not on a node of its job's target.
+        operations.discard_stage(journal, generation)
+        return _end_failed(
+            journal, f"its job {journal.run.job.job_id} stopped while building; its build was discarded"
+        )
+    result = rebuild(journal)
+    result["actions"] = ["built again and " + result["state"]]
+    return result
+
+
+def resume_run(
+    journal: Journal,
+    rebuild: Callable[[Journal], Dict[str, Any]],
+    job_alive: Optional[JobAlive] = None,
+) -> Dict[str, Any]:
+    """Resume one run; ``rebuild(journal)`` builds a ``building`` run again and publishes it;
+    ``job_alive(job_id)`` says whether a queued run's job is still pending or running."""
     unchanged: Dict[str, Any] = {
         "run_id": journal.run_id,
         "state": journal.state.value,
         "changed": False,
         "actions": [],
     }
-    if journal.state not in INTERRUPTED:
+    if journal.state is RunState.QUEUED:
+        return _resume_queued(journal, job_alive, unchanged)
+    if journal.state not in INTERRUPTED or journal.run.kind is RunKind.RETIRE:
+        unchanged["actions"] = _left_as_it_is(journal)
         return unchanged
-    if journal.run.kind is RunKind.RETIRE:
-        unchanged["actions"] = [f"retire record: 'eb-staged-rebuild rollback {journal.run_id}' resolves it"]
-        return unchanged
-    if journal.state is RunState.BUILDING and not journal.modules:
-        # Stopped between the journal's creation and its module list: nothing was built or
-        # staged, and the live-change record was never taken, so nothing is built now either.
-        return _end_failed(journal, "stopped before its modules were recorded: nothing built or published")
-    if journal.state is RunState.BUILDING and not os.path.isdir(journal.trees.generation(journal.run_id)):
-        # The generation directory is made before the build starts and discarded when a run
-        # fails. Without it the run either stopped before its build, or failed when even its
-        # journal could not say so (a read-only or full state root): building it now would
-        # publish a run that failed.
-        return _end_failed(journal, "no build area: it failed or stopped before building; nothing published")
     if journal.state is RunState.BUILDING:
-        result = rebuild(journal)
-        result["actions"] = ["built again and published"]
-        return result
+        return _resume_building(journal, rebuild)
     final = RunState.ROLLED_BACK if journal.state is RunState.ROLLING_BACK else RunState.FAILED
     trees = journal.trees
     actions = return_to_old(journal, trees)
@@ -158,5 +219,7 @@ def resume_run(journal: Journal, rebuild: Callable[[Journal], Dict[str, Any]]) -
     if final is RunState.FAILED and not journal.steps_of(StepKind.SWAP):
         operations.discard_stage(journal, trees.generation(journal.run_id))
     journal.run.resumed = now()
+    if final is RunState.FAILED:
+        journal.run.error = f"stopped while {journal.state.value}; resume reversed it"
     journal.set_state(final)
     return {"run_id": journal.run_id, "state": final.value, "changed": True, "actions": actions}

@@ -47,9 +47,12 @@ class Transaction:
         """
         with SigtermHeld():
             failures = self._reverse()
+            state = state_stuck if failures else state_reversed
+            if state is RunState.FAILED:
+                self.journal.run.record_failure(err)
             # If the journal itself fails, resume works from the disk and the last good journal.
             with contextlib.suppress(OSError):
-                self.journal.set_state(state_stuck if failures else state_reversed)
+                self.journal.set_state(state)
         if failures:
             raise errors.PublishError(
                 f"{what} of run {self.journal.run_id} failed ({errors.marked(err)}) "

@@ -64,7 +64,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import cli
+from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import cli, rebuild
 from ansible_collections.hpcstack.ops.plugins.modules import (
     staged_gc,
     staged_info,
@@ -75,7 +75,7 @@ from ansible_collections.hpcstack.ops.plugins.modules import (
 )
 from tests.integration.harness.staged_checks import DEFAULTS, refusal_line, run_tool
 from tests.support.module_runner import run_module
-from tests.support.staged import FAKE_EB, StagedSite
+from tests.support.staged import FAKE_EB, StagedSite, fake_eb_request
 
 PREFIX = "eb-staged-rebuild: "
 APP = "TinyApp/1.0"  # published by the schema-2 run
@@ -85,11 +85,13 @@ NEW = "TinyNew/1.0"  # a refused build, then a crashed one that resume reversed;
 # The runs of the site: two published (schemas 2 and 4), a refused one (failed), one that
 # crashed while publishing and that resume reversed (failed, resumed), and a retire.
 PUBLISH, LEDGER, FAILED, RESUMED, RETIRE = "publish", "ledger", "failed", "resumed", "retire"
+QUEUED = "queued"  # a run made for a batch job, with the job's record
 RUN_IDS = {
     PUBLISH: "20250101T000000Z-schema2",
     LEDGER: "20250101T000001Z-schema4",
     FAILED: "20250101T000002Z-refused",
     RESUMED: "20250101T000003Z-resumed",
+    QUEUED: "20250101T000004Z-queued",
 }
 # The variables that would give the commands a default from the host running the tests.
 HOST_VARIABLES = (*DEFAULTS, "EB_STAGED_REBUILD_EB", "FAKE_EB_ARGS_LOG")
@@ -161,6 +163,9 @@ def _make_template(root: Path, package_root: Path) -> Template:
     _tool(site, site.rebuild_args(NEW, extra=("--run-id", RUN_IDS[RESUMED])), -signal.SIGKILL, env=crash)
     _tool(site, ["resume", RUN_IDS[RESUMED]], 0)
     retired = _tool(site, ["--json", "retire", str(site.module_file(OLD)), "--reason", "moved to /cvmfs"], 0)
+    # A batch job's run as the submitting side leaves it: queued, with its job's id.
+    queued = rebuild.queue(fake_eb_request(site, NEW, RUN_IDS[QUEUED]), str(site.state_root), target="zen3")
+    rebuild.record_job(queued, "4242")
     (root / "cwd").mkdir()  # the commands' working directory: where a relative path would land
     run_ids = dict(RUN_IDS, retire=json.loads(retired.stdout)["run_id"])
     journals = {
@@ -174,9 +179,11 @@ def _make_template(root: Path, package_root: Path) -> Template:
         FAILED: (2, "publish", "failed"),
         RESUMED: (2, "publish", "failed"),
         RETIRE: (2, "retire", "retired"),
+        QUEUED: (2, "publish", "queued"),
     }
     assert journals[FAILED]["refused"] is True
     assert journals[RESUMED]["resumed"] is not None
+    assert journals[QUEUED]["job"]["job_id"] == "4242"
     return Template(
         root=root,
         copy=root.parent / "template",
@@ -365,6 +372,15 @@ WRONG_TYPES = [
     wrong_type(PUBLISH, ("relocated_files",), True),
     # written by a refused build and by resume
     wrong_type(FAILED, ("refused",), "yes"),
+    wrong_type(FAILED, ("error",), 5),
+    wrong_type(FAILED, ("cancelled",), "yes"),
+    # a batch job's run
+    wrong_type(QUEUED, ("job",), "4242"),
+    wrong_type(QUEUED, ("job", "job_id"), 4242),
+    wrong_type(QUEUED, ("job", "target"), ["zen3"]),
+    wrong_type(QUEUED, ("job", "node"), 7),
+    wrong_type(QUEUED, ("job", "submitted"), 1735689600),
+    wrong_type(QUEUED, ("job", "started"), True),
     wrong_type(RESUMED, ("resumed",), 5),
     # top level, a retire run
     wrong_type(RETIRE, ("module_file",), 0),
@@ -416,6 +432,7 @@ WRONG_TYPES = [
     wrong_type(PUBLISH, ("request", "with_dependants"), "yes"),
     wrong_type(PUBLISH, ("request", "exclude"), "TinyLib/1.0"),  # a list of modules
     wrong_type(PUBLISH, ("request", "chain"), "TinyLib/1.0"),  # a plan, or null
+    wrong_type(PUBLISH, ("request", "publish_together"), "no"),
 ]
 
 OTHERS = [
@@ -1035,7 +1052,14 @@ def test_the_matrix_has_at_least_30_variants_and_every_command_that_reads_journa
     assert len(VARIANTS) == len(WRONG_TYPES) + len(OTHERS)  # no two share a name
     kinds = {variant.name.split(":")[0] for variant in OTHERS}
     assert kinds == {"missing", "shape", "deep", "time", "unknown", "duplicate", "path", "run_id", "raw"}
-    assert {variant.run for variant in VARIANTS.values()} == {PUBLISH, LEDGER, FAILED, RESUMED, RETIRE}
+    assert {variant.run for variant in VARIANTS.values()} == {
+        PUBLISH,
+        LEDGER,
+        FAILED,
+        RESUMED,
+        RETIRE,
+        QUEUED,
+    }
     assert {command.module for command in MODULE_COMMANDS} == {
         staged_info,
         staged_gc,
@@ -1062,11 +1086,11 @@ def test_every_variant_reaches_both_front_ends_and_every_class_every_command_fam
 
 
 def _fields(journals) -> set:
-    """Every field path of the journals: top level, module entries, steps, trees, request."""
+    """Every field path of the journals: top level, module entries, steps, trees, request, job."""
     found = set()
     for data in journals:
         found.update((key,) for key in data)
-        for key in ("trees", "request"):
+        for key in ("trees", "request", "job"):
             found.update((key, inner) for inner in data.get(key) or {})
         for entry in data["modules"]:
             found.update(("modules", "*", key) for key in entry)

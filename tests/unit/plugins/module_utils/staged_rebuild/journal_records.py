@@ -14,6 +14,7 @@ import os
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import paths
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild.journal import (
     STATE_INVARIANTS,
+    JobRecord,
     Journal,
     ModuleEntry,
     RunKind,
@@ -60,6 +61,8 @@ def publish_journal(runs_dir, run_id, trees, modules=(APP,), state=RunState.BUIL
         trees=trees,
         request=request,
         backend=request.backend,
+        # A queued run always has its job's record (and a job id once submitted).
+        job=JobRecord(submitted=now(), job_id="4242") if state is RunState.QUEUED else None,
     )
     journal.run.modules = [ModuleEntry.of(entry) for entry in request.module_paths(run_id)]
     has = STATE_INVARIANTS[(RunKind.PUBLISH, state)].entry_fields

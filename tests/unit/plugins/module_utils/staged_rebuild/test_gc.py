@@ -417,6 +417,8 @@ def test_a_state_root_without_runs_reports_nothing(site):
         "manual": [],
         "interrupted": [],
         "incomplete": [],
+        "staged": [],
+        "queued": [],
         "candidates": [],
         # Nothing to look for: /proc is not read at all.
         "processes": {

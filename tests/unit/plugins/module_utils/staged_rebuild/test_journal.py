@@ -45,7 +45,10 @@ from tests.unit.plugins.module_utils.staged_rebuild.journal_records import (
 
 SWAP = StepName(StepKind.SWAP, APP)
 MARKER = StepName(StepKind.MARKER, APP)
-STATES = "building, planning, publishing, published, failed, rolling_back, rolled_back, retiring, retired"
+STATES = (
+    "building, planning, publishing, published, failed, rolling_back, rolled_back, retiring, retired, "
+    "queued, staged"
+)
 
 # A journal as the previous release wrote it (schema 4: a ledger; rolled back), shortened to
 # one module and a few steps of each kind.
@@ -106,6 +109,16 @@ PREVIOUS_PUBLISH = {
     "trees": {"modules": "/apps/modules", "software": "/apps/software"},
     "updated": "2026-12-01T22:44:02.859364+00:00",
 }
+
+# The record of a run's batch job, as ``rebuild.queue``, ``record_job`` and the job write it.
+JOB = {
+    "job_id": "4242",
+    "target": "zen3",
+    "node": "node1",
+    "submitted": "2026-01-01T00:00:00+00:00",
+    "started": "2026-01-01T00:01:00+00:00",
+}
+
 PREVIOUS_RETIRE = {
     "created": "2026-12-01T22:44:04.390401+00:00",
     "kind": "retire",
@@ -400,6 +413,7 @@ def test_what_load_read_is_saved_back_as_it_was_but_for_nulls_and_the_time(tmp_p
     )
     assert saved["request"].pop("with_dependants") is False
     assert saved["request"].pop("exclude") == []
+    assert saved["request"].pop("publish_together") is False
     assert _nulls_dropped(saved) == _nulls_dropped(_without(PREVIOUS_PUBLISH, "updated"))
     assert saved["module_file"] is None  # a retire run's field, null in a publish run
 
@@ -598,11 +612,29 @@ def test_load_refuses_a_journal_missing_a_field_naming_it(tmp_path, field):
     assert _refusal(tmp_path, _without(PREVIOUS_PUBLISH, field)) == f"{field} is missing"
 
 
-@pytest.mark.parametrize("field", ["trees", "request", "backend"])
+@pytest.mark.parametrize("field", ["trees", "request"])
 def test_load_refuses_a_publish_journal_missing_what_a_publish_run_has(tmp_path, field):
     assert (
         _refusal(tmp_path, _without(PREVIOUS_PUBLISH, field)) == f"{field} is missing (a publish run has it)"
     )
+
+
+@pytest.mark.parametrize(
+    "state", ["building", "planning", "staged", "publishing", "published", "rolled_back"]
+)
+def test_load_refuses_a_run_past_queued_without_its_backend(tmp_path, state):
+    """The backend is chosen when a run starts to build; only a queued run (and a failed one,
+    which may have ended queued) is without it."""
+    document = _with(_without(PREVIOUS_PUBLISH, "backend"), state=state)
+
+    assert _refusal(tmp_path, document) == f"backend is missing (a publish run in state {state} has it)"
+
+
+@pytest.mark.parametrize("state", ["queued", "failed"])
+def test_a_run_that_never_built_loads_without_a_backend(tmp_path, state):
+    document = _with(_without(PREVIOUS_PUBLISH, "backend"), state=state, modules=[], steps=[], job=JOB)
+
+    assert journals.Journal.load(str(_write(tmp_path / "journal.json", document))).run.backend is None
 
 
 @pytest.mark.parametrize(
@@ -670,6 +702,24 @@ RUN_FIELDS = [
     ("relocated_files", True, "relocated_files must be an integer, not true/false"),
     ("refused", "yes", "refused must be true or false, not a string"),
     ("resumed", "now", "resumed is not an ISO 8601 time: 'now'"),
+    ("job", "4242", "job must be an object, not a string"),
+    ("job", {"job_id": "4242"}, "job.submitted is missing"),
+    ("job.job_id", 4242, "job.job_id must be a string, not a number"),
+    ("job.job_id", "4242.0", "job.job_id '4242.0' is not a job id (digits)"),
+    ("job.job_id", "4242;rm", "job.job_id '4242;rm' is not a job id (digits)"),
+    ("job.job_id", "", "job.job_id '' is not a job id (digits)"),
+    ("job.target", "../zen3", "job.target '../zen3' is not a plain name"),
+    ("job.target", 3, "job.target must be a string, not a number"),
+    ("job.node", "node/1", "job.node 'node/1' is not a plain name"),
+    ("job.node", ["node1"], "job.node must be a string, not a list"),
+    ("job.submitted", "2026-01-01", "job.submitted has no UTC offset: '2026-01-01'"),
+    ("job.started", 0, "job.started must be a string, not a number"),
+    ("job.extra", 1, "job.extra is not a field this version knows"),
+    ("error", ["eb failed"], "error must be a string, not a list"),
+    ("error", "eb\x00failed", "error contains a NUL byte"),
+    ("cancelled", "yes", "cancelled must be true or false, not a string"),
+    ("cancelled", 1, "cancelled must be true or false, not a number"),
+    ("request.publish_together", "no", "request.publish_together must be true or false, not a string"),
 ]
 
 
@@ -677,7 +727,7 @@ RUN_FIELDS = [
     ("where", "value", "why"), RUN_FIELDS, ids=[f"{w}={v!r}" for w, v, _why in RUN_FIELDS]
 )
 def test_load_refuses_a_run_field_of_the_wrong_type_or_shape(tmp_path, where, value, why):
-    assert _refusal(tmp_path, _set(PREVIOUS_PUBLISH, where, value)) == why
+    assert _refusal(tmp_path, _set(_with(PREVIOUS_PUBLISH, job=JOB), where, value)) == why
 
 
 RETIRE_FIELDS = [
@@ -949,6 +999,8 @@ ALWAYS_HAS = {
     "rolling_back": PLANNED,
     "rolled_back": PLANNED,
     "failed": [],
+    "queued": [],
+    "staged": PLANNED,
 }
 # When an entry may lack the field all the same.
 UNLESS = {
@@ -985,7 +1037,7 @@ def test_a_run_that_lost_a_field_its_state_always_has_is_refused_naming_it(tmp_p
 
 @pytest.mark.parametrize("state", list(ALWAYS_HAS))
 def test_a_run_with_what_its_state_has_loads_and_may_lack_the_rest(tmp_path, state):
-    document = _with(PREVIOUS_PUBLISH, state=state)
+    document = _with(PREVIOUS_PUBLISH, state=state, job=JOB if state == "queued" else None)
     for field in set(PLANNED) - set(ALWAYS_HAS[state]):
         document = _set(document, f"modules[0].{field}", None)
     path = _write(tmp_path / "journal.json", document)
@@ -993,7 +1045,9 @@ def test_a_run_with_what_its_state_has_loads_and_may_lack_the_rest(tmp_path, sta
     assert journals.Journal.load(str(path)).run.state is RunState(state)
 
 
-@pytest.mark.parametrize("state", ["planning", "publishing", "published", "rolling_back", "rolled_back"])
+@pytest.mark.parametrize(
+    "state", ["planning", "staged", "publishing", "published", "rolling_back", "rolled_back"]
+)
 def test_a_run_past_building_without_a_module_is_refused(tmp_path, state):
     document = _with(PREVIOUS_PUBLISH, state=state, modules=[], steps=[])
 

@@ -78,6 +78,9 @@ def test_status_lists_a_publish_run_with_its_modules(state_root):
         "state": "published",
         "created": "2026-01-01T00:00:00+00:00",
         "state_since": journal.run.state_since,
+        "job": None,
+        "error": None,
+        "cancelled": None,
         "modules": [
             {
                 "module": APP,
