@@ -24,7 +24,7 @@ description:
     rebuilt from its own install's easyconfig copy, against the new builds before it, and all
     of them are published in one transaction. Check mode returns the plan in RV(plan).
   - With O(job=true), the rebuild runs as Slurm batch jobs submitted from the target host, which
-    needs Slurm's client commands: one job per target of O(targets) in the site file
+    needs Slurm's client commands; one job per target of O(targets) in the site file
     O(targets_file), each on a node of its target (the target's constraint or partition), which
     checks with archdetect that the node is of that target before it builds; without O(targets),
     one job for the trees given. The module waits up to O(wait_timeout) seconds for the jobs and
@@ -176,8 +176,8 @@ options:
     type: float
   targets_file:
     description:
-      - The site file of CPU targets (an INI file, see C(docs/slurm-targets.md)): per target, its
-        trees and state root, archdetect's answer on its nodes and the constraint or partition
+      - The site file of CPU targets (an INI file, see C(docs/slurm-targets.md)), which names per
+        target its trees and state root, archdetect's answer on its nodes and the constraint or partition
         that reaches them.
       - When not given, the target host's E(EB_STAGED_REBUILD_TARGETS).
     type: path
@@ -392,10 +392,10 @@ targets:
     - With O(job=true), one entry per target (or one for the trees given) in submission order
       with C(target), C(state_root), C(job_id), C(node) (where the job ran, as its journal
       records it), C(job_state) (Slurm's, such as V(COMPLETED), V(FAILED) or V(CANCELLED)),
-      C(state) (the run's: V(published), V(staged), V(failed), V(queued)...), C(published),
+      C(state) (the run's state, V(published), V(staged), V(failed), V(queued)...), C(published),
       C(cancelled) and C(reason) (why the run failed, EasyBuild's own reason for a failed
       build; null otherwise).
-    - With O(wait_timeout=0), as submitted: C(target), C(job_id) and C(state_root).
+    - With O(wait_timeout=0), as submitted, with C(target), C(job_id) and C(state_root).
   returned: when O(job=true) and jobs were submitted
   type: list
   elements: dict
@@ -427,7 +427,7 @@ publish_job_state:
   type: str
 next:
   description:
-    - The commands that finish runs left C(staged) (a target's job failed or was cancelled):
+    - The commands that finish runs left C(staged) (a target's job failed or was cancelled);
       C(eb-staged-rebuild publish RUN ...) publishes them, C(eb-staged-rebuild discard RUN ...)
       removes their builds; empty when none is staged.
   returned: when O(job=true) and the module waited for the jobs
