@@ -531,7 +531,8 @@ def submit_jobs(params, environ, dry_run):
     if params["rebuild"] == "changed":
         prepared = _outdated(prepared)
         if not prepared.placements:
-            return {"changed": False, "would_change": False, "state": "up_to_date", "run_id": prepared.run_id}
+            nothing = {"changed": False, "state": "up_to_date", "run_id": prepared.run_id}
+            return dict(nothing, would_change=False) if dry_run else nothing
     tool = submission.tool_command(environ, [])
     targets_file = jobs.targets_file if jobs.target else None
     planned = submission.plan_jobs(

@@ -266,8 +266,18 @@ def test_one_command_rebuilds_each_target_on_its_node_and_publishes_them_togethe
         assert targets.loads_on_its_node(name) == "hello from TinyLib 1.0, built per target"
 
 
-def _lines_naming(text: str, name: str) -> list:
-    return [line for line in text.splitlines() if f" {name} " in f" {line} " or f"({name})" in line]
+def _blocks(report: str) -> dict:
+    """``status --target``'s text, by target: each target's block of lines, blanks folded
+    (a long value is wrapped over lines)."""
+    blocks: dict = {}
+    name = None
+    for line in report.splitlines():
+        if line.startswith("Target "):
+            name = line.split()[1]
+            blocks[name] = ""
+        elif name is not None:
+            blocks[name] += " " + " ".join(line.split())
+    return blocks
 
 
 def test_a_build_that_fails_on_one_target_publishes_none_and_the_report_says_why(targets):
@@ -296,12 +306,13 @@ def test_a_build_that_fails_on_one_target_publishes_none_and_the_report_says_why
     reason = journals[failing]["error"]
     assert "TinyLib-1.0.tar.gz" in reason, reason  # EasyBuild's own words: the source it lacked
     assert report.returncode == 0, report.stderr
+    blocks = _blocks(report.stdout)
+    assert sorted(blocks) == sorted(jobs), report.stdout  # one block per target
     for name in jobs:
-        assert len(_lines_naming(report.stdout, name)) == 1, report.stdout
         if name != failing:
             assert journals[name]["state"] == "staged", journals[name]
-    (failed_line,) = _lines_naming(report.stdout, failing)
-    assert reason in failed_line, report.stdout
+            assert "staged" in blocks[name], report.stdout
+    assert " ".join(reason.split()) in blocks[failing], report.stdout
     targets.discard(submitted["run_id"])
     assert targets.inodes() == before
     assert targets.loads_on_its_node(failing) == tinypkgs.GREETING
@@ -344,8 +355,8 @@ def test_scancel_of_one_target_s_job_during_its_build_reverses_it_and_publishes_
     for name in jobs:
         if name != cancelled:
             assert journals[name]["state"] == "staged", journals[name]
-    (line,) = _lines_naming(report.stdout, cancelled)
-    assert "cancelled" in line, report.stdout
+    blocks = _blocks(report.stdout)
+    assert "(cancelled)" in blocks[cancelled], report.stdout
     assert f"publish {submitted['run_id']}" in report.stdout, report.stdout
     assert f"discard {submitted['run_id']}" in report.stdout, report.stdout
     targets.discard(submitted["run_id"])
