@@ -341,6 +341,7 @@ def cmd_resume(args, now):
         progress=_progress(args),
         env=dict(os.environ),
         trees=_trees(args),
+        job_alive=lambda job_id: slurmjob.job_alive(job_id, os.environ),
     )
 
 

@@ -38,6 +38,26 @@ JOB_NAME_PREFIX = "eb-staged-rebuild"
 # squeue --format: job id, state (long), nodes, reason.
 SQUEUE_FORMAT = "%i|%T|%N|%r"
 UNKNOWN = "unknown"
+FINISHED = "finished"  # why a job is unknown: Slurm keeps no record of it any more
+# The states of a job that has not ended (squeue(1) "JOB STATE CODES").
+ALIVE = frozenset(
+    (
+        "PENDING",
+        "CONFIGURING",
+        "RUNNING",
+        "COMPLETING",
+        "SUSPENDED",
+        "STOPPED",
+        "REQUEUED",
+        "REQUEUE_FED",
+        "REQUEUE_HOLD",
+        "RESIZING",
+        "RESV_DEL_HOLD",
+        "SIGNALING",
+        "SPECIAL_EXIT",
+        "STAGE_OUT",
+    )
+)
 # sbatch --parsable prints "<job id>" or "<job id>;<cluster>".
 _PARSABLE = re.compile(r"^([0-9]+)(;[A-Za-z0-9_.-]+)?\Z")
 _JOB_ID = re.compile(r"^[0-9]+\Z")
@@ -259,3 +279,14 @@ def _ask_scontrol(scontrol: str, job_id: str, env: Mapping[str, str]) -> JobStat
             job_id, UNKNOWN, why="finished" if gone else f"scontrol exited {done.returncode}: {said}"
         )
     return parse_scontrol(job_id, os.fsdecode(done.stdout)) or JobState(job_id, UNKNOWN, why="finished")
+
+
+def job_alive(job_id: str, environ: Mapping[str, str]) -> Optional[bool]:
+    """Whether the job may still run (pending, running...): True; it ended, or Slurm keeps
+    no record of it: False; Slurm did not answer: None (``resume`` then leaves its run)."""
+    state = job_states([job_id], environ).get(job_id)
+    if state is None:
+        return False  # not a job id: no job of Slurm's
+    if state.state == UNKNOWN:
+        return False if state.why == FINISHED else None
+    return state.state in ALIVE

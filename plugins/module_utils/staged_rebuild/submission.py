@@ -36,8 +36,9 @@ from ..common import errors, proc
 from ..common.deadline import Deadline, DeadlineExceeded
 from ..common.errors import setting
 from . import journal as journals
-from . import paths, rebuild, slurmjob, targets
+from . import locking, paths, rebuild, settings, slurmjob, targets
 from . import request as request_module
+from .journal import RunState
 from .records import AbsPath
 from .settings import option
 
@@ -45,10 +46,10 @@ EACH, TOGETHER = "each", "together"
 COMMAND_VARIABLE = "EB_STAGED_REBUILD_COMMAND"
 # The path the build_host role installs the command at: what a job runs when nothing else says.
 INSTALLED_COMMAND = "/usr/local/bin/eb-staged-rebuild"
-# A job waits this long for its state root's lock (another run of the same tree, a gc)
-# unless the submission said longer: a job that gave up at once would waste its place in
-# the queue.
-JOB_LOCK_WAIT_SECONDS = 3600.0
+# A job's run waits this long for its state root's lock (a gc, the submission recording its
+# job id) unless the submission said longer: a job that gave up at once would waste its place
+# in the queue. The submission's own wait for the lock is the same (the request holds one).
+JOB_LOCK_WAIT_SECONDS = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,11 +200,12 @@ def plan_jobs(
     lock_timeout: float = 0.0,
 ) -> List[PlannedJob]:
     """The sbatch commands a submission makes, in order: each placement's job, then with
-    ``together`` the job that publishes them all. Pure: nothing is asked or written."""
-    waits = ["--lock-timeout", f"{max(lock_timeout, JOB_LOCK_WAIT_SECONDS):g}"]
+    ``together`` the job that publishes them all. Pure: nothing is asked or written. A
+    target's job waits for its lock as its run's request says (``job_lock_timeout``)."""
+    waits = ["--lock-timeout", f"{job_lock_timeout(lock_timeout):g}"]
     planned = []
     for placement in placements:
-        command = [*tool, *waits, "job-start", run_id, "--state-root", placement.state_root]
+        command = [*tool, "job-start", run_id, "--state-root", placement.state_root]
         if placement.target is not None and targets_file is not None:
             command += ["--targets-file", targets_file]
         planned.append(
@@ -247,6 +249,10 @@ def _publish_job(run_id, placements, tool, waits, targets_file) -> PlannedJob:
     )
 
 
+def job_lock_timeout(given: float) -> float:
+    return max(given, JOB_LOCK_WAIT_SECONDS)
+
+
 def _output(state_root: str, run_id: str) -> str:
     """The job's output beside its journal: ``%j`` is the job id, which sbatch fills in."""
     return os.path.join(state_root, "runs", run_id, "job-%j.out")
@@ -278,8 +284,8 @@ def submit(
     queued: Sequence[Queued],
     env: Mapping[str, str],
     *,
-    record_job: Callable[[Any, str], None],
-    end_failed: Callable[[Any, str], None],
+    record_job: Callable[[Queued, str], None],
+    end_failed: Callable[[Queued, str], None],
 ) -> Dict[str, Any]:
     """Submit ``planned`` (``plan_jobs``' order: ``queued`` first, then the publish job) and
     record each target's job id in its journal; on sbatch's refusal cancel what went in and
@@ -290,7 +296,7 @@ def submit(
             entry.job_id = slurmjob.submit(
                 sbatch, job.options, job.script, env, Deadline(slurmjob.SUBMIT_SECONDS)
             )
-            record_job(entry.journal, entry.job_id)
+            record_job(entry, entry.job_id)
         for job in planned[len(queued) :]:
             waits = [entry.job_id for entry in queued if entry.job_id]
             publish_job = slurmjob.submit(
@@ -303,7 +309,7 @@ def submit(
     except slurmjob.SubmitError as err:
         _cancel([entry.job_id for entry in queued if entry.job_id], env)
         for entry in queued:
-            end_failed(entry.journal, str(err))
+            end_failed(entry, str(err))
         raise
     run_ids = {entry.journal.run_id for entry in queued}
     return {
@@ -333,11 +339,13 @@ def _cancel(job_ids: Sequence[str], env: Mapping[str, str]) -> None:
 
 
 def node_check(site_path: Optional[str], state_root: str, env: Mapping[str, str]) -> Callable[[Any], None]:
-    """What ``job-start`` checks before it builds a run: for a run of a target, that
-    archdetect on this node names the target's CPU (``targets.check_cpu``), with the site
-    file the job was given; a run without a target is not checked."""
+    """What ``job-start`` checks before it builds a run (``rebuild.start_queued``'s
+    ``check_node``): for a run of a target, that archdetect on this node names the target's
+    CPU (``targets.check_cpu``), with the site file the job was given; a run without a
+    target is not checked. The job's id is adopted first (``adopt_job_id``)."""
 
     def check(journal: Any) -> None:
+        adopt_job_id(journal, env)
         job = journal.run.job
         name = None if job is None else job.target
         if name is None:
@@ -379,12 +387,16 @@ def prepare(
     given, in ``state_root``), resolved and checked as ``rebuild`` checks it: a refusal of
     any target refuses the whole submission before anything is written."""
     run_id = paths.check_run_id(values.get("run_id") or request_module.new_run_id())
-    common = dict(values, run_id=run_id, publish_together=jobs.together)
+    common = dict(
+        values,
+        run_id=run_id,
+        lock_timeout=job_lock_timeout(settings.lock_timeout(values)),
+    )
     if not jobs.target:
         if state_root is None:
             raise errors.UsageError(f"no state root for {setting('job')} without {setting('target')}")
         placements = [Placement(None, state_root)]
-        requests = [request_module.resolve(common, environ, eb_args)]
+        requests = [_for_job(request_module.resolve(common, environ, eb_args), jobs)]
         return Prepared(run_id, placements, requests)
     if jobs.targets_file is None:  # resolve() refused it already; the type checker does not know
         raise errors.UsageError(f"{setting('target')} needs a site file")
@@ -398,8 +410,12 @@ def prepare(
             installpath_modules=target.trees.modules,
         )
         placements.append(Placement.of(target))
-        requests.append(request_module.resolve(values_of_target, environ, eb_args))
+        requests.append(_for_job(request_module.resolve(values_of_target, environ, eb_args), jobs))
     return Prepared(run_id, placements, requests)
+
+
+def _for_job(request: Any, jobs: JobRequest) -> Any:
+    return dataclasses.replace(request, publish_together=jobs.together)
 
 
 def submit_rebuild(
@@ -414,9 +430,51 @@ def submit_rebuild(
             queued.append(Queued(placement, journal))
     except errors.HpcstackError as err:
         for entry in queued:
-            rebuild.end_queued(entry.journal, f"not submitted: {errors.marked(err)}")
+            end_queued(entry, f"not submitted: {err}")
         raise
-    return submit(sbatch, planned, queued, env, record_job=rebuild.record_job, end_failed=rebuild.end_queued)
+    return submit(sbatch, planned, queued, env, record_job=record_job, end_failed=end_queued)
+
+
+@contextlib.contextmanager
+def _still_queued(entry: Queued):
+    """The entry's journal read again under its state lock, if its run is still queued;
+    None when the lock is held (its job started and holds it) or the run moved on."""
+    state_root, run_id = entry.placement.state_root, entry.journal.run_id
+    try:
+        with locking.StateLock(state_root, 0.0):
+            fresh = journals.find(state_root, run_id)
+            yield fresh if fresh.state is RunState.QUEUED else None
+    except errors.LockHeld:
+        yield None
+
+
+def record_job(entry: Queued, job_id: str) -> None:
+    """The job id into the queued run's journal, read again under its lock: the job may
+    have started already (Slurm starts one within a second on an idle cluster), and a copy
+    read before would undo what the job wrote. A job that started first records its own id
+    (``adopt_job_id``)."""
+    with _still_queued(entry) as journal:
+        if journal is not None and journal.run.job is not None and journal.run.job.job_id is None:
+            rebuild.record_job(journal, job_id)
+
+
+def end_queued(entry: Queued, message: str) -> None:
+    """A queued run of a submission that failed ends ``failed`` with ``message``; one whose
+    job started meanwhile is that job's (cancelled: scancel's SIGTERM reverses it)."""
+    with _still_queued(entry) as journal:
+        if journal is not None:
+            rebuild.end_failed(
+                journal, journal.trees.generation(journal.run_id), slurmjob.SubmitError(message)
+            )
+
+
+def adopt_job_id(journal: Any, env: Mapping[str, str]) -> None:
+    """A job that started before its submission recorded its id takes it from Slurm
+    (``SLURM_JOB_ID``); saved with the run's next state."""
+    job = journal.run.job
+    given = env.get("SLURM_JOB_ID", "")
+    if job is not None and job.job_id is None and journals.JOB_ID.match(given):
+        job.job_id = given
 
 
 # A run in one of these states has a job that matters now: waiting, or building.

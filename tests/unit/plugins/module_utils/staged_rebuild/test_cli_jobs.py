@@ -200,8 +200,6 @@ def test_a_dry_run_lists_each_target_s_sbatch_command_and_the_publish_job(
     assert shlex.split(zen3["script"].splitlines()[1]) == [
         "exec",
         "/opt/bin/eb-staged-rebuild",
-        "--lock-timeout",
-        "3600",
         "job-start",
         "run1",
         "--state-root",
@@ -214,6 +212,7 @@ def test_a_dry_run_lists_each_target_s_sbatch_command_and_the_publish_job(
         "--dependency=afterok:<job of zen3>:<job of icelake>",
         "--kill-on-invalid-dep=yes",
     ]
+    assert shlex.split(publish["script"].splitlines()[1])[2:4] == ["--lock-timeout", "60"]
     assert shlex.split(publish["script"].splitlines()[1])[4:] == [
         "publish",
         "run1",
