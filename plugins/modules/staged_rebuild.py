@@ -162,7 +162,8 @@ options:
         with the environment the task runs with (Slurm's C(--export=ALL)); E(SBATCH_*) variables
         reach C(sbatch) as they are.
       - With O(rebuild=changed), a target whose live installs match the requested easyconfigs
-        and EasyBuild gets no job; when none needs one, nothing is submitted.
+        and EasyBuild (the version O(eb) reports on the target host) gets no job; when none needs
+        one, nothing is submitted.
     type: bool
     default: false
   job_cores:
@@ -575,7 +576,6 @@ def run_jobs(module):
         lambda dry_run: submit_jobs(module.params, os.environ, dry_run), module.check_mode
     )
     if failure is not None:
-        failure["msg"] = failure["msg"].replace("--target ", "targets ")
         module.fail_json(**failure)
     why = (
         None
