@@ -282,12 +282,16 @@ def _blocks(report: str) -> dict:
 
 def test_a_build_that_fails_on_one_target_publishes_none_and_the_report_says_why(targets):
     packages = targets.packages("fails-on-one", "hello from TinyLib 1.0, never published")
-    # EasyBuild's sources on each node's own disk, missing on one node: its build fails there.
+    # EasyBuild's source directory on each node's own disk, the account's, empty on one node:
+    # its build fails there, the source not found (and no URL to download it from).
     sources = f"/opt/hpcstack-sources-{uuid.uuid4().hex[:8]}"
     failing = sorted(targets.nodes)[1]
+    account = targets.account
     for name, node in targets.nodes.items():
+        node.run(["install", "-d", "-o", str(account.uid), "-g", str(account.gid), sources])
         if name != failing:
-            node.run(["cp", "-r", str(packages.sources), sources])
+            node.run(["cp", "-r", f"{packages.sources}/.", sources])
+            node.run(["chown", "-R", f"{account.uid}:{account.gid}", sources])
     before = targets.inodes()
     try:
         submitted = targets.submit(packages, env=targets.env(packages, sources=sources))
