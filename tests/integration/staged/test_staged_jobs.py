@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 import checkout
-from tests.integration.harness.slurm import SLURM
-from tests.support.staged import StagedSite
+from tests.integration.harness.slurm import SLURM, RunningJob
+from tests.support.staged import StagedSite, snapshot
 
 pytestmark = SLURM
 
@@ -129,7 +129,12 @@ class JobSite:
         )
 
     def live(self) -> dict:
+        """Every tree whole: what a run that ended must have left as it was."""
         return {name: tree.snapshot() for name, tree in self.trees.items()}
+
+    def installs(self) -> dict:
+        """APP's live install and module file in each tree (a staged run's stage is beside them)."""
+        return {name: snapshot(tree.live(APP), tree.module_file(APP)) for name, tree in self.trees.items()}
 
 
 @pytest.fixture
@@ -139,35 +144,52 @@ def jobs(tmp_path, package_root, slurm_cluster) -> JobSite:
 
 
 def _ended(run: dict) -> bool:
-    return run["state"] not in ("queued", "building", "planning", "publishing")
+    """The run's job is done with it: published, failed, or staged for the publish job."""
+    return run["state"] not in ("queued", "building", "planning", "publishing", "rolling_back")
 
 
 def test_a_job_returns_at_once_with_its_id_and_its_run_is_shown_queued_then_running_then_published(
-    jobs, slurm_cluster
+    jobs, slurm_cluster, tmp_path
 ):
     gate = jobs.gate / "a"
     gate.mkdir()
-    # SBATCH_HOLD reaches sbatch as EasyBuild's jobs let it: the job waits held until released.
-    done = jobs.submit("job-a", "zen3", env={"SBATCH_HOLD": "1", "FAKE_EB_GATE": str(gate)})
-    assert done.returncode == 0, done.stderr
-    submitted = json.loads(done.stdout)
-    ((job,),) = (submitted["jobs"],)
-    assert submitted["run_id"] == "job-a"
-    assert submitted["publish_job"] is None
-    assert (job["target"], job["state_root"]) == ("zen3", str(jobs.trees["zen3"].state_root))
-    assert job["job_id"].isdigit()
+    # The node's two cores: one taken by another job, the rebuild's job (--job-cores 2) waits.
+    blocker = RunningJob(slurm_cluster, tmp_path)
+    try:
+        # An SBATCH_* variable reaches sbatch as EasyBuild's jobs let it.
+        done = jobs.submit(
+            "job-a",
+            "zen3",
+            extra=("--job-cores", "2"),
+            env={"SBATCH_TIMELIMIT": "29", "FAKE_EB_GATE": str(gate)},
+        )
+        assert done.returncode == 0, done.stderr
+        submitted = json.loads(done.stdout)
+        (job,) = submitted["jobs"]
+        assert submitted["run_id"] == "job-a"
+        assert submitted["publish_job"] is None
+        assert (job["target"], job["state_root"]) == ("zen3", str(jobs.trees["zen3"].state_root))
+        assert job["job_id"].isdigit()
+        shown = slurm_cluster.run(["scontrol", "show", "job", "-o", job["job_id"]]).stdout
+        assert " TimeLimit=00:29:00 " in shown
+        assert " NumCPUs=2 " in shown
+        assert " JobName=eb-staged-rebuild:job-a:zen3 " in shown
 
-    queued = jobs.status("job-a", "zen3")
-    assert queued["state"] == "queued"
-    assert queued["job"]["job_id"] == job["job_id"]
-    assert queued["job"]["slurm"]["state"] == "PENDING"
-    assert queued["job"]["slurm"]["reason"] == "JobHeldUser"
-
-    slurm_cluster.run(["scontrol", "release", job["job_id"]], check=True)
+        queued = jobs.wait_for(
+            "job-a", "zen3", lambda run: run["job"].get("slurm", {}).get("reason") == "Resources"
+        )
+        assert queued["state"] == "queued"
+        assert queued["job"]["job_id"] == job["job_id"]
+        assert queued["job"]["slurm"]["state"] == "PENDING"
+        assert queued["job"]["node"] is None
+    finally:
+        blocker.cancel()
+    # The build waits at the gate: the run is building, its job running.
     running = jobs.wait_for(
-        "job-a", "zen3", lambda run: run["job"].get("slurm", {}).get("state") == "RUNNING"
+        "job-a",
+        "zen3",
+        lambda run: run["state"] == "building" and run["job"].get("slurm", {}).get("state") == "RUNNING",
     )
-    assert running["state"] == "building"
     node = slurm_cluster.run(["scontrol", "show", "job", job["job_id"]]).stdout
     assert f"NodeList={running['job']['slurm']['node']}" in node
     assert running["job"]["node"] == running["job"]["slurm"]["node"]
@@ -224,7 +246,7 @@ def test_a_node_whose_archdetect_disagrees_with_the_target_refuses_before_buildi
 def test_publish_together_stages_each_target_then_the_last_job_publishes_both(jobs, slurm_cluster):
     gate = jobs.gate / "t"
     gate.mkdir()
-    before = jobs.live()
+    before = jobs.installs()
     done = jobs.submit(
         "job-t", "zen3", "icelake", extra=("--publish", "together"), env={"FAKE_EB_GATE": str(gate)}
     )
@@ -236,16 +258,18 @@ def test_publish_together_stages_each_target_then_the_last_job_publishes_both(jo
     waits = slurm_cluster.run(["scontrol", "show", "job", "-o", publish_job]).stdout
     ids = [job["job_id"] for job in submitted["jobs"]]
     assert f"Dependency=afterok:{ids[0]}(unfulfilled),afterok:{ids[1]}(unfulfilled)" in waits
+    # Held, so that the test sees both runs staged before it runs (the builds wait at the gate).
+    slurm_cluster.run(["scontrol", "hold", publish_job], check=True)
 
     (gate / "go").touch()
-    staged = {
-        name: jobs.wait_for("job-t", name, lambda run: run["state"] in ("staged", "published", "failed"))
+    staged = {name: jobs.wait_for("job-t", name, _ended) for name in ("zen3", "icelake")}
+    assert {name: run["state"] for name, run in staged.items()} == {"zen3": "staged", "icelake": "staged"}
+    assert jobs.installs() == before  # built, checked and planned; nothing live changed
+    slurm_cluster.run(["scontrol", "release", publish_job], check=True)
+    published = {
+        name: jobs.wait_for("job-t", name, lambda run: run["state"] != "staged")
         for name in ("zen3", "icelake")
     }
-    if all(run["state"] == "staged" for run in staged.values()):
-        # Both staged, the publish job not run yet: nothing live changed.
-        assert jobs.live() == before
-    published = {name: jobs.wait_for("job-t", name, _ended) for name in ("zen3", "icelake")}
 
     assert {name: run["state"] for name, run in published.items()} == {
         "zen3": "published",
@@ -254,6 +278,35 @@ def test_publish_together_stages_each_target_then_the_last_job_publishes_both(jo
     assert jobs.trees["zen3"].payload(APP) == "new"
     assert jobs.trees["icelake"].payload(APP) == "new"
     assert jobs.trees["liar"].payload(APP) == "old"
+
+
+def test_publish_together_with_a_target_that_fails_publishes_none_and_discard_ends_the_staged(
+    jobs, slurm_cluster
+):
+    before = jobs.live()
+    done = jobs.submit("job-f", "zen3", "liar", extra=("--publish", "together"))
+    assert done.returncode == 0, done.stderr
+    publish_job = json.loads(done.stdout)["publish_job"]
+
+    ended = {name: jobs.wait_for("job-f", name, _ended) for name in ("zen3", "liar")}
+
+    assert ended["zen3"]["state"] == "staged"
+    assert ended["liar"]["state"] == "failed"
+    assert "(target liar): nothing was built" in ended["liar"]["error"]
+    # Slurm cancels the publish job, whose dependency can never be satisfied.
+    deadline = time.monotonic() + WAIT
+    while (
+        " JobState=CANCELLED " not in slurm_cluster.run(["scontrol", "show", "job", "-o", publish_job]).stdout
+    ):
+        assert time.monotonic() < deadline, "the publish job was not cancelled"
+        time.sleep(0.3)
+    assert jobs.status("job-f", "zen3")["state"] == "staged"
+
+    discarded = jobs.run("--json", "discard", "job-f", f"--targets-file={jobs.site_file}", "--target", "zen3")
+
+    assert discarded.returncode == 0, discarded.stderr
+    assert jobs.status("job-f", "zen3")["state"] == "failed"
+    assert jobs.live() == before
 
 
 def test_sbatch_s_refusal_is_one_line_exit_1_and_the_queued_runs_end_failed(jobs):
