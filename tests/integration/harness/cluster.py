@@ -2,9 +2,10 @@
 compute nodes of three CPU targets (the third with a GPU) and two build nodes.
 
 The cluster gate runs the tests marked ``cluster`` on two xdist workers (``--dist
-loadgroup``), each with a cluster of its own that its tests share: the guard's tests and
-the harness's (``CLUSTER_GUARD``) on one, those of the shared filesystems, the rebuilds and
-the fleet benchmark (``CLUSTER``) on the other. The two groups cost about the same, so both
+loadgroup``), each with a cluster of its own that its tests share: the guard's tests, the
+harness's and the rebuilds as Slurm jobs (``CLUSTER_GUARD``) on one, those of the shared
+filesystems, the rebuilds and the fleet benchmark (``CLUSTER``) on the other. The two groups
+cost about the same, so both
 workers finish together; a group's files run one after another, in the order pytest
 collects them. The CPUs are cpuinfo fixtures of this machine's type (``uname -m``),
 none of them the machine's own, so what a node reports is what the harness gave it, whatever
