@@ -16,12 +16,14 @@ stay ``staged``. ``discard_staged`` ends each run ``failed`` with its stage remo
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+import os
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..common import errors
 from ..common.deadline import SigtermHeld
 from . import fsutil, locking, modulefile, operations, paths, planner, rebuild, rollback
 from . import journal as journals
+from .faults import Faults
 from .journal import Journal, RunKind, RunState
 
 Progress = Callable[[str], None]
@@ -29,13 +31,25 @@ Progress = Callable[[str], None]
 DISCARDED = "discarded while staged: never published"
 
 
-def _state_roots(runs: Sequence[Tuple[str, str]]) -> List[str]:
-    """The distinct state roots of ``runs``, sorted: the order their locks are taken in."""
+def _checked(runs: Sequence[Tuple[str, str]]) -> List[Tuple[str, str]]:
+    """``runs`` with each state root absolute and normal; refused when empty, when a run id is
+    no plain name or a state root has a link on its path, and when a run is named twice (its
+    second publish would exchange its trees back)."""
     if not runs:
         raise errors.UsageError("no run given")
+    checked = []
     for state_root, run_id in runs:
         paths.check_run_id(run_id)
         fsutil.refuse_symlink_components(state_root)
+        run = (os.path.abspath(state_root), run_id)
+        if run in checked:
+            raise errors.UsageError(f"run {run_id} in {run[0]} is named twice")
+        checked.append(run)
+    return checked
+
+
+def _state_roots(runs: Sequence[Tuple[str, str]]) -> List[str]:
+    """The distinct state roots of ``runs``, sorted: the order their locks are taken in."""
     return sorted({state_root for state_root, _run_id in runs})
 
 
@@ -100,7 +114,10 @@ def check_still_planned(journal: Journal) -> None:
 
 
 def publish_staged(
-    runs: Sequence[Tuple[str, str]], lock_timeout: float, progress: Progress
+    runs: Sequence[Tuple[str, str]],
+    lock_timeout: float,
+    progress: Progress,
+    faults: Optional[Mapping[str, Faults]] = None,
 ) -> Dict[str, Any]:
     """Publish every run of ``runs`` (``(state_root, run_id)`` pairs), all staged, under every
     state root's lock; ``{"published": [{"state_root", "run_id"}...], "runs": [summary...]}``.
@@ -108,12 +125,14 @@ def publish_staged(
     Refused, publishing nothing, unless every run is staged and still as planned. A publish
     that fails ends its own run ``failed`` (reversed); the runs published before it by this
     call are rolled back (``rolled_back``), the rest stay ``staged``, and the PublishError
-    says all of that."""
-    state_roots = _state_roots(runs)
-    with _locked(state_roots, lock_timeout):
+    says all of that. ``faults`` (by state root) is for tests: each run's fault injection."""
+    runs = _checked(runs)
+    with _locked(_state_roots(runs), lock_timeout):
         staged = _staged_journals(runs, "publish")
         for journal in staged:
             check_still_planned(journal)
+            if faults is not None and journal.state_root in faults:
+                journal.faults = faults[journal.state_root]
         published: List[Journal] = []
         for journal in staged:
             progress(f"publishing run {journal.run_id} in {journal.state_root}")
@@ -169,8 +188,8 @@ def _publish_failed(
 def discard_staged(runs: Sequence[Tuple[str, str]], lock_timeout: float) -> Dict[str, Any]:
     """End every run of ``runs``, all staged, ``failed`` with its stage and build area
     removed (the live trees untouched); refused, discarding nothing, unless all are staged."""
-    state_roots = _state_roots(runs)
-    with _locked(state_roots, lock_timeout):
+    runs = _checked(runs)
+    with _locked(_state_roots(runs), lock_timeout):
         staged = _staged_journals(runs, "discard")
         for journal in staged:
             operations.discard_stage(journal, journal.trees.generation(journal.run_id))

@@ -252,6 +252,12 @@ def status(result: Mapping[str, Any], context: Context) -> str:
         lines = [f"No runs in {printable(context.state_root)}."]
     lines.extend(_incomplete(result["incomplete"], context.style))
     for run in runs:
+        if RunState(run["state"]) is RunState.STAGED:
+            lines += [
+                "",
+                *wrap(printable(f"Run {run['run_id']} is staged; next:")),
+                *_staged_next(run["run_id"], context),
+            ]
         if RunState(run["state"]) in journals.INTERRUPTED:
             lines += [
                 "",
@@ -288,7 +294,11 @@ def _targets_status(result: Mapping[str, Any], context: Context) -> str:
     """``status --target``: each target's runs under its name and state root."""
     blocks = []
     for entry in result["targets"]:
-        shown = dataclasses.replace(context, state_root=entry["state_root"])
+        shown = dataclasses.replace(
+            context,
+            state_root=entry["state_root"],
+            command=(context.command[0], "--state-root", entry["state_root"]),
+        )
         title = f"Target {printable(entry['target'])} ({printable(entry['state_root'])})"
         blocks.append(f"{context.style.bold(title)}\n{status(entry, shown)}")
     return "\n".join(blocks) + _staged_next(result, context)
@@ -412,7 +422,17 @@ def _next(run_id: str, kind: RunKind, state: RunState, context: Context) -> List
         return ["", *command("Next", _next_command(run_id, kind, context))]
     if state in (RunState.PUBLISHED, RunState.RETIRED):
         return ["", *command("Undo", context.suggest("rollback", run_id))]
+    if state is RunState.STAGED:
+        return ["", *_staged_next(run_id, context)]
     return []
+
+
+def _staged_next(run_id: str, context: Context) -> List[str]:
+    """What decides a staged run: publish it (with the other targets' runs), or discard it."""
+    return [
+        *command("Publish", context.suggest("publish", run_id)),
+        *command("Discard", context.suggest("discard", run_id)),
+    ]
 
 
 # rebuild, resume, rollback, retire
@@ -772,28 +792,33 @@ def submitted(result: Mapping[str, Any], context: Context) -> str:
 
 def job_started(result: Mapping[str, Any], context: Context) -> str:
     """``job-start``: the run's end in its job, as ``rebuild`` words a published one."""
-    if result.get("state") == RunState.PUBLISHED.value:
-        return rebuild(result, context)
-    return _done(wrap(f"Run {printable(result.get('run_id', ''))}: {printable(result.get('state', ''))}."))
+    if result.get("state") == RunState.STAGED.value:
+        lines = wrap(
+            f"Run {printable(result['run_id'])} is staged in {printable(context.state_root)}: built, "
+            "checked and planned; nothing live changed."
+        )
+        return _done([*lines, *_staged_next(result["run_id"], context)])
+    return rebuild(result, context)
 
 
 def published_staged(result: Mapping[str, Any], context: Context) -> str:
-    """``publish RUN``: every staged run published, or why none was."""
+    """``publish RUN``: every staged run published, each with the command that undoes it."""
     lines: List[str] = []
-    for run in result.get("runs", []):
-        lines += wrap(
-            f"Run {printable(run.get('run_id', ''))} in {printable(run.get('state_root', ''))}: "
-            f"{context.style.state(printable(run.get('state', '')))}."
-        )
-    return _done(lines or ["Nothing was published."])
+    for ref in result["published"]:
+        lines += wrap(f"Published run {printable(ref['run_id'])} in {printable(ref['state_root'])}.")
+        undo = (context.command[0], "--state-root", ref["state_root"], "rollback", ref["run_id"])
+        lines += command("Undo", [shell_word(word) for word in undo])
+    return _done(lines)
 
 
 def discarded(result: Mapping[str, Any], context: Context) -> str:
-    """``discard RUN``: the staged builds removed; nothing live changed."""
-    lines: List[str] = []
-    for run in result.get("runs", []):
-        lines += wrap(
-            f"Run {printable(run.get('run_id', ''))} in {printable(run.get('state_root', ''))}: "
-            f"{context.style.state(printable(run.get('state', '')))}; nothing live changed."
+    """``discard RUN``: each staged build removed, its run ended failed; nothing live changed."""
+    lines = [
+        line
+        for ref in result["discarded"]
+        for line in wrap(
+            f"Discarded run {printable(ref['run_id'])} in {printable(ref['state_root'])}: its staged "
+            "build is removed; nothing live changed."
         )
-    return _done(lines or ["Nothing was discarded."])
+    ]
+    return _done(lines)

@@ -202,6 +202,31 @@ def test_a_job_returns_at_once_with_its_id_and_its_run_is_shown_queued_then_runn
     assert jobs.trees["icelake"].payload(APP) == "old"
 
 
+def test_resume_ends_failed_a_queued_run_whose_job_was_cancelled_before_it_started(
+    jobs, slurm_cluster, tmp_path
+):
+    before = jobs.live()
+    blocker = RunningJob(slurm_cluster, tmp_path)  # the rebuild's job (two cores) waits
+    try:
+        done = jobs.submit("job-q", "zen3", extra=("--job-cores", "2"))
+        assert done.returncode == 0, done.stderr
+        (job,) = json.loads(done.stdout)["jobs"]
+        left = jobs.run("--json", "--state-root", str(jobs.trees["zen3"].state_root), "resume", "job-q")
+        assert left.returncode == 0, left.stderr
+        assert jobs.status("job-q", "zen3")["state"] == "queued"  # its job is pending: left alone
+        slurm_cluster.run(["scancel", job["job_id"]], check=True)
+    finally:
+        blocker.cancel()
+
+    ended = jobs.run("--json", "--state-root", str(jobs.trees["zen3"].state_root), "resume", "job-q")
+
+    assert ended.returncode == 0, ended.stderr
+    run = jobs.status("job-q", "zen3")
+    assert run["state"] == "failed"
+    assert run["error"] == f"its job {job['job_id']} ended before it started"
+    assert jobs.live() == before
+
+
 def test_scancel_during_the_build_reverses_the_run_within_killwait(jobs, slurm_cluster):
     gate = jobs.gate / "c"
     gate.mkdir()

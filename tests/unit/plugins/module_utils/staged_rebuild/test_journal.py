@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
+from ansible_collections.hpcstack.ops.plugins.module_utils.common.errors import setting
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import journal as journals
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import paths, records, swap
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild.faults import (
@@ -1962,3 +1963,48 @@ def test_a_journal_named_by_a_relative_path_is_checked_against_its_absolute_stat
     monkeypatch.chdir(tmp_path)
 
     assert journals.Journal.load(os.path.join("runs", "run1", "journal.json")).run == journal.run
+
+
+# failure_reason / record_failure: the one line a failed run keeps
+
+
+@pytest.mark.parametrize(
+    ("err", "line"),
+    [
+        (
+            errors.PublishError(f"{setting('prepare')} exited 1;\nnothing was swapped"),
+            "--prepare exited 1; nothing was swapped",
+        ),
+        (
+            OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/apps/software/x"),
+            "No space left on device (/apps/software/x)",
+        ),
+        (OSError(errno.EROFS, os.strerror(errno.EROFS)), "Read-only file system"),
+        (KeyboardInterrupt(), "KeyboardInterrupt"),
+        (ValueError("bad\tvalue"), "ValueError: bad value"),
+    ],
+    ids=[
+        "tool-error-with-a-setting",
+        "os-error-with-a-path",
+        "os-error",
+        "bare-exception",
+        "other-exception",
+    ],
+)
+def test_failure_reason_is_one_line_in_the_words_the_user_was_shown(err, line):
+    assert journals.failure_reason(err) == line
+
+
+def test_record_failure_marks_a_run_stopped_by_sigterm_cancelled_and_no_other():
+    terminated, failed = (
+        journals.Run(2, RunKind.PUBLISH, "run1", RunState.BUILDING, "t", "t", [], []) for _ in range(2)
+    )
+
+    terminated.record_failure(errors.Terminated("terminated by signal 15; completed steps were reversed"))
+    failed.record_failure(errors.PublishError("EasyBuild failed"))
+
+    assert (terminated.error, terminated.cancelled) == (
+        "terminated by signal 15; completed steps were reversed",
+        True,
+    )
+    assert (failed.error, failed.cancelled) == ("EasyBuild failed", None)

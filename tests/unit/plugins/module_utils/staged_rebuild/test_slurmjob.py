@@ -190,3 +190,9 @@ def test_without_squeue_every_state_is_unknown_with_why(tmp_path):
 def test_this_node_is_slurm_s_name_for_it():
     assert slurmjob.this_node({"SLURMD_NODENAME": "node3"}) == "node3"
     assert slurmjob.this_node({}) == os.uname().nodename
+
+
+def test_whether_a_job_is_alive_is_unknown_where_slurm_cannot_be_asked(tmp_path):
+    # resume leaves a queued run alone then, rather than end a run whose job may still start.
+    assert slurmjob.job_alive("5", {"PATH": str(tmp_path)}) is None
+    assert slurmjob.job_alive("not-a-job", {"PATH": str(tmp_path)}) is False
