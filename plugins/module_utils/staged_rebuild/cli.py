@@ -374,7 +374,6 @@ def cmd_status(args, now):
         return submission.with_job_states(commands.show_status(_state_root(args), args.run_id), os.environ)
     roots = _state_roots(args)
     return {
-        "targets_file": targets.site_file(args.targets_file, os.environ),
         "targets": [
             {
                 "target": name,
@@ -382,7 +381,7 @@ def cmd_status(args, now):
                 **submission.with_job_states(commands.show_status(state_root, args.run_id), os.environ),
             }
             for name, state_root in roots
-        ],
+        ]
     }
 
 

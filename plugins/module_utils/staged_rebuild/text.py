@@ -301,28 +301,7 @@ def _targets_status(result: Mapping[str, Any], context: Context) -> str:
         )
         title = f"Target {printable(entry['target'])} ({printable(entry['state_root'])})"
         blocks.append(f"{context.style.bold(title)}\n{status(entry, shown)}")
-    return "\n".join(blocks) + _staged_next(result, context)
-
-
-def _staged_next(result: Mapping[str, Any], context: Context) -> str:
-    """For a run left staged in some of the targets shown (a target's job failed or was
-    cancelled, so the last job never ran): the commands that publish it, or discard it,
-    for every target shown at once."""
-    staged = {
-        entry["run"]["run_id"]
-        for entry in result["targets"]
-        if "run" in entry and entry["run"]["state"] == RunState.STAGED.value
-    }
-    if not staged:
-        return ""
-    chosen = [word for entry in result["targets"] for word in ("--target", entry["target"])]
-    if result.get("targets_file"):
-        chosen = ["--targets-file", result["targets_file"], *chosen]
-    lines: List[str] = []
-    for run_id in sorted(staged):
-        lines += ["", *command("Publish", context.suggest("publish", run_id, *chosen))]
-        lines += command("Discard", context.suggest("discard", run_id, *chosen))
-    return _done(lines)
+    return "\n".join(blocks)
 
 
 def _incomplete(incomplete, style: Style) -> List[str]:
