@@ -101,7 +101,8 @@ def report(
 ) -> Dict[str, Any]:
     """One entry per target (job id, node, Slurm's state, the run's state, published or not,
     the reason of a failure), one line per target, and the commands that finish what is
-    staged (``tool publish RUN`` and ``tool discard RUN``, naming ``targets_file``'s targets)."""
+    staged (``tool publish RUN`` and ``tool discard RUN``, naming ``targets_file``'s targets
+    whose runs are staged)."""
     run_id = submitted["run_id"]
     entries = []
     for job, journal in zip(submitted["jobs"], _runs(submitted)):
@@ -134,7 +135,8 @@ def report(
         slurm = states.get(str(publish_job))
         result["publish_job_state"] = slurm.state if slurm is not None else slurmjob.UNKNOWN
     if any(entry["state"] == journals.RunState.STAGED.value for entry in entries):
-        targets = [entry["target"] for entry in entries if entry["target"]]
+        # The staged runs alone: publish refuses a set with a run that is not staged.
+        targets = [entry["target"] for entry in entries if entry["target"] and entry["state"] == "staged"]
         if targets and targets_file is not None:
             chosen = [
                 "--targets-file",

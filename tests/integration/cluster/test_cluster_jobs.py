@@ -176,18 +176,16 @@ class Targets:
             env=self.account.env(),
         )  # fmt: skip
 
-    def discard(self, run_id: str) -> None:
-        """Discard what a test left staged, so that the next test starts from published trees."""
+    def discard(self, run_id: str, names) -> None:
+        """Discard the staged runs of targets ``names`` (the others' runs ended otherwise),
+        as a site would after a failure; the next test then starts from published trees."""
+        chosen = [word for name in names for word in ("--target", name)]
         done = self.tool_run(
-            "discard",
-            run_id,
-            "--targets-file",
-            str(self.site_file),
-            "--target",
-            "all",
-            env=self.account.env(),
+            "discard", run_id, "--targets-file", str(self.site_file), *chosen, env=self.account.env()
         )
         assert done.returncode == 0, done.stdout + done.stderr
+        for name in names:
+            assert self.journal(name, run_id)["state"] == "failed", "a discarded run ends failed"
 
     def journal(self, name: str, run_id: str) -> dict:
         return json.loads((self.state_root(name) / "runs" / run_id / "journal.json").read_text())
@@ -276,7 +274,7 @@ def _blocks(report: str) -> dict:
         if line.startswith("Target "):
             name = line.split()[1]
             blocks[name] = ""
-        elif name is not None:
+        elif name is not None:  # a long command continues on the next line after " \\"
             blocks[name] += " " + " ".join(line.split())
     return blocks
 
@@ -318,7 +316,7 @@ def test_a_build_that_fails_on_one_target_publishes_none_and_the_report_says_why
             assert journals[name]["state"] == "staged", journals[name]
             assert "staged" in blocks[name], report.stdout
     assert " ".join(reason.split()) in blocks[failing], report.stdout
-    targets.discard(submitted["run_id"])
+    targets.discard(submitted["run_id"], [name for name in jobs if name != failing])
     assert targets.inodes() == before
     assert targets.loads_on_its_node(failing) == tinypkgs.GREETING
 
@@ -362,12 +360,13 @@ def test_scancel_of_one_target_s_job_during_its_build_reverses_it_and_publishes_
             assert journals[name]["state"] == "staged", journals[name]
     blocks = _blocks(report.stdout)
     assert "(cancelled)" in blocks[cancelled], report.stdout
-    # What finishes the staged runs: publish or discard, every target at once.
-    pasted = " ".join(report.stdout.replace(" \\\n", " ").split())
-    every = f"--targets-file {targets.site_file} " + " ".join(f"--target {name}" for name in targets.nodes)
-    assert f"eb-staged-rebuild publish {submitted['run_id']} {every}" in pasted, report.stdout
-    assert f"eb-staged-rebuild discard {submitted['run_id']} {every}" in pasted, report.stdout
-    targets.discard(submitted["run_id"])
+    # What finishes each staged run: publish it, or discard it.
+    for name in jobs:
+        if name != cancelled:
+            shown = blocks[name].replace(" \\ ", " ")
+            for verb in ("publish", "discard"):
+                assert f"--state-root {targets.state_root(name)} {verb} {submitted['run_id']}" in shown, shown
+    targets.discard(submitted["run_id"], [name for name in jobs if name != cancelled])
     assert targets.inodes() == before
 
 
