@@ -291,7 +291,7 @@ def test_a_build_that_fails_on_one_target_publishes_none_and_the_report_says_why
         if name != failing:
             node.run(["cp", "-r", f"{packages.sources}/.", sources])
             node.run(["chown", "-R", f"{account.uid}:{account.gid}", sources])
-    before = targets.inodes()
+    before, was = targets.inodes(), targets.loads_on_its_node(failing)
     try:
         submitted = targets.submit(packages, env=targets.env(packages, sources=sources))
         jobs = _jobs_by_target(submitted)
@@ -318,7 +318,7 @@ def test_a_build_that_fails_on_one_target_publishes_none_and_the_report_says_why
     assert " ".join(reason.split()) in blocks[failing], report.stdout
     targets.discard(submitted["run_id"], [name for name in jobs if name != failing])
     assert targets.inodes() == before
-    assert targets.loads_on_its_node(failing) == tinypkgs.GREETING
+    assert targets.loads_on_its_node(failing) == was
 
 
 # Appended to TinyLib's easyconfig: the build says on which node it runs, then waits for the
