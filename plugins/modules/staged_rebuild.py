@@ -485,11 +485,8 @@ def argument_spec():
         job_max_walltime={"type": "float"},
         targets_file={"type": "path"},
         targets={"type": "list", "elements": "str", "default": []},
-        publish={
-            "type": "str",
-            "choices": [submission.EACH, submission.TOGETHER],
-            "default": submission.EACH,
-        },
+        # No default: a value given without job is refused (the command line's --publish too).
+        publish={"type": "str", "choices": [submission.EACH, submission.TOGETHER]},
         wait_timeout={"type": "float", "default": 3600.0},
     )
 
