@@ -11,7 +11,10 @@ reaper that is the node's PID 1. It has its own hostname, its own address on a b
 ``/opt``, ``/usr/local``, ``/home`` and ``/mnt`` (where shared filesystems are mounted) are
 overlays with a per-node upper directory, so what is written on a node stays on it, and
 ``/run`` is the node's own. ``/tmp`` and ``/work`` are the machine's, seen by every node: the
-tests' own scratch and this checkout, never the software the cluster runs.
+tests' own scratch and this checkout, never the software the cluster runs. A compute node
+advertises its CPU target to Slurm as a node feature (``Feature=zen3``: the last component of
+what archdetect answers for its cpuinfo fixture), so that ``sbatch --constraint=zen3`` reaches
+it; ``add_account`` makes an unprivileged account of the same uid and gid on every node.
 
 The network is a bridge inside the controller's network namespace and a veth per node, its
 peer moved into the node. Addresses exist only on those interfaces, in namespaces made here:
@@ -48,6 +51,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
+
+import eessilike
 
 HERE = Path(__file__).resolve().parent
 CPUINFO_DIR = HERE / "eessi_like" / "cpuinfo"
@@ -100,6 +105,24 @@ class NodeSpec:
     @property
     def slurmd(self) -> bool:
         return self.role == "compute"
+
+    @property
+    def target(self) -> str:
+        """What archdetect answers for the node's CPU (``x86_64/amd/zen3``); "" for the machine's."""
+        return cpu_target(self.cpu) if self.cpu else ""
+
+    @property
+    def feature(self) -> str:
+        """The node's Slurm feature: its target's last component (``zen3``); "" for none."""
+        return self.target.rsplit("/", 1)[-1]
+
+
+def cpu_target(cpu: str) -> str:
+    """The CPU target a cpuinfo fixture of ``testbed/eessi_like/cpuinfo`` is named for."""
+    for target, fixture in eessilike.CPUINFO_FIXTURES.items():
+        if fixture == cpu:
+            return target
+    raise ClusterError(f"no CPU target is known for the cpuinfo fixture {cpu}")
 
 
 @dataclass
@@ -156,6 +179,10 @@ class Node:
         """Run a shell script on the node."""
         return self.run(["sh", "-ec", script], **kw)
 
+    def run_as(self, account: Account, argv: Sequence[str], **kw) -> subprocess.CompletedProcess:
+        """Run ``argv`` on the node as ``account`` (its uid, gid and no other group)."""
+        return self.run(account.command(argv), **kw)
+
     def popen(self, argv: Sequence[str], *, workdir: str = "/", **kw) -> subprocess.Popen:
         """Start ``argv`` on the node without waiting."""
         return subprocess.Popen(self.command(argv, workdir=workdir), **kw)
@@ -169,6 +196,32 @@ class Node:
 
     def read(self, path: str) -> str:
         return self.run(["cat", path]).stdout
+
+
+@dataclass(frozen=True)
+class Account:
+    """An unprivileged account the cluster's nodes share: one uid and gid on every node."""
+
+    name: str
+    uid: int
+    gid: int
+    home: str
+
+    def command(self, argv: Sequence[str]) -> list:
+        """``argv`` run as the account, by ``setpriv`` (no PAM, no password)."""
+        ids = [f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups"]
+        return ["setpriv", *ids, "--", *argv]
+
+    def env(self, **extra: str) -> dict:
+        """A login environment of the account's: its name, its home, the system's PATH."""
+        return {
+            "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+            "HOME": self.home,
+            "USER": self.name,
+            "LOGNAME": self.name,
+            "LANG": "C.UTF-8",
+            **extra,
+        }
 
 
 @dataclass
@@ -195,6 +248,23 @@ class Cluster:
     @property
     def ssh_config(self) -> Path:
         return self.root / "ssh_config"
+
+    def add_account(self, name: str, uid: int, gid: int, home: str) -> Account:
+        """The account ``name`` (uid, gid) on every node, as a site's directory service gives
+        it: slurmctld knows it, slurmd runs its jobs. ``home`` is made on each node, in the
+        node's own copy of the tree (a directory of a shared filesystem works the same).
+        Kept until the cluster stops; adding it again is a no-op."""
+        account = Account(name, uid, gid, home)
+        script = f"""
+if ! getent group {name} >/dev/null; then groupadd -g {gid} {name}; fi
+if ! getent passwd {name} >/dev/null; then useradd -u {uid} -g {gid} -M -d {home} -s /bin/sh {name}; fi
+test "$(id -u {name}):$(id -g {name})" = "{uid}:{gid}"
+mkdir -p {home}
+chown {uid}:{gid} {home}
+"""
+        for node in self.nodes:
+            node.sh(script)
+        return account
 
     def ssh(self, node: Node, argv: Sequence[str], **kw) -> subprocess.CompletedProcess:
         """Run ``argv`` on ``node`` over SSH from the controller, as Ansible does."""
@@ -516,7 +586,10 @@ def slurm_conf(cluster: Cluster, extra: str = "") -> str:
     """The cluster's slurm.conf: slurmctld on the controller, a slurmd per compute node."""
     compute = [node for node in cluster.nodes if node.spec.slurmd]
     node_lines = "\n".join(
-        f"NodeName={node.name} NodeAddr={node.address} CPUs=2 State=UNKNOWN" for node in compute
+        f"NodeName={node.name} NodeAddr={node.address} CPUs=2"
+        + (f" Feature={node.spec.feature}" if node.spec.feature else "")
+        + " State=UNKNOWN"
+        for node in compute
     )
     names = ",".join(node.name for node in compute)
     return f"""ClusterName=hc

@@ -23,6 +23,14 @@ description:
     each install's own easyconfig copy and the live module files say). Each dependant is
     rebuilt from its own install's easyconfig copy, against the new builds before it, and all
     of them are published in one transaction. Check mode returns the plan in RV(plan).
+  - With O(job=true), the rebuild runs as Slurm batch jobs submitted from the target host, which
+    needs Slurm's client commands; one job per target of O(targets) in the site file
+    O(targets_file), each on a node of its target (the target's constraint or partition), which
+    checks with archdetect that the node is of that target before it builds; without O(targets),
+    one job for the trees given. The module waits up to O(wait_timeout) seconds for the jobs and
+    returns one entry per target in RV(targets). With O(publish=together) a last job publishes
+    every target after all of them built, or none when one failed or was cancelled. Check mode
+    lists the jobs it would submit in RV(jobs) and submits nothing. See C(docs/slurm-targets.md).
 author:
   - hpcstack.ops maintainers (@hpcstack)
 extends_documentation_fragment:
@@ -144,12 +152,66 @@ options:
     type: str
     choices: [changed, always]
     default: changed
+  job:
+    description:
+      - Submit the rebuild as Slurm batch jobs (C(sbatch)) instead of building on the target host;
+        the journals are written on the target host first, so the trees and state roots must be
+        on a filesystem the compute nodes share.
+      - The jobs run the command E(EB_STAGED_REBUILD_COMMAND) of the target host's environment
+        names, else C(/usr/local/bin/eb-staged-rebuild) (where the build_host role installs it),
+        with the environment the task runs with (Slurm's C(--export=ALL)); E(SBATCH_*) variables
+        reach C(sbatch) as they are.
+      - With O(rebuild=changed), a target whose live installs match the requested easyconfigs
+        and EasyBuild (the version O(eb) reports on the target host) gets no job; when none needs
+        one, nothing is submitted.
+    type: bool
+    default: false
+  job_cores:
+    description:
+      - With O(job=true), the cores of each build job (C(sbatch --cpus-per-task)); given without
+        O(job=true), as are O(job_max_walltime) and O(targets), the task fails.
+    type: int
+  job_max_walltime:
+    description:
+      - With O(job=true), the hours each build job may run (C(sbatch --time)).
+    type: float
+  targets_file:
+    description:
+      - The site file of CPU targets (an INI file, see C(docs/slurm-targets.md)), which names per
+        target its trees and state root, archdetect's answer on its nodes and the constraint or partition
+        that reaches them.
+      - When not given, the target host's E(EB_STAGED_REBUILD_TARGETS).
+    type: path
+  targets:
+    description:
+      - With O(job=true), the targets of O(targets_file) to rebuild, one job each; V(all) is every
+        target of the file. The site file names their trees, so O(installpath) and O(state_root)
+        go without it.
+    type: list
+    elements: str
+    default: []
+  publish:
+    description:
+      - With O(job=true), V(each) publishes every target when its own build is done; V(together)
+        stops each target's run once built and checked (state C(staged)) and publishes all of them
+        in a last job, or none of them when a target's job failed or was cancelled.
+      - When not given, V(each); given without O(job=true), the task fails.
+    type: str
+    choices: [each, together]
+  wait_timeout:
+    description:
+      - With O(job=true), seconds to wait for the jobs; the task fails with C(error=wait_timeout)
+        when they have not ended by then (they go on in Slurm). V(0) returns once they are
+        submitted, with RV(targets) as submitted.
+    type: float
+    default: 3600
 notes:
   - EasyBuild's output is not shown while it runs; its step lines come back in RV(progress), and the
     whole log stays in the run's directory under O(state_root).
 seealso:
   - module: hpcstack.ops.staged_resume
   - module: hpcstack.ops.staged_rollback
+  - module: hpcstack.ops.staged_info
 """
 
 EXAMPLES = r"""
@@ -205,11 +267,29 @@ EXAMPLES = r"""
     rebuild: always
   check_mode: true
   register: stack_plan
+
+- name: Rebuild TinyLib on a node of each CPU target, publishing all targets together
+  hpcstack.ops.staged_rebuild:
+    modules:
+      - TinyLib/1.0
+    easyconfigs:
+      - /srv/easyconfigs/TinyLib-1.0.eb
+    rebuild: always
+    job: true
+    job_cores: 4
+    job_max_walltime: 2
+    targets_file: /apps/targets.ini
+    targets:
+      - all
+    publish: together
+    wait_timeout: 7200
+  register: per_target
 """
 
 RETURN = r"""
 run_id:
   description: The run, as M(hpcstack.ops.staged_rollback) and M(hpcstack.ops.staged_info) name it.
+    With O(job=true), every target's run has this id in its own state root.
   returned: when a rebuild ran, or in check mode when one would run
   type: str
   sample: 20261201T053043Z-89e721
@@ -308,6 +388,60 @@ easybuild_reason:
   returned: when EasyBuild ran and failed
   type: str
   sample: "Installation of toy-0.0.eb failed: Sanity check failed: no file found at 'bin/toy'"
+targets:
+  description:
+    - With O(job=true), one entry per target (or one for the trees given) in submission order
+      with C(target), C(state_root), C(job_id), C(node) (where the job ran, as its journal
+      records it), C(job_state) (Slurm's, such as V(COMPLETED), V(FAILED) or V(CANCELLED)),
+      C(state) (the run's state, V(published), V(staged), V(failed), V(queued)...), C(published),
+      C(cancelled) and C(reason) (why the run failed, EasyBuild's own reason for a failed
+      build; null otherwise).
+    - With O(wait_timeout=0), as submitted, with C(target), C(job_id) and C(state_root).
+  returned: when O(job=true) and jobs were submitted
+  type: list
+  elements: dict
+  sample:
+    - target: zen3
+      state_root: /apps/zen3/.eb-staged-rebuild
+      job_id: "4711"
+      node: node017
+      job_state: COMPLETED
+      state: staged
+      published: false
+      cancelled: false
+      reason: null
+lines:
+  description: With O(job=true), one line per target of RV(targets), for a report.
+  returned: when O(job=true) and the module waited for the jobs
+  type: list
+  elements: str
+  sample:
+    - "zen3: staged, job 4711 on node017 COMPLETED, not published"
+    - "icelake: failed, job 4712 on node101 FAILED, not published: Installation of TinyLib-1.0.eb failed: ..."
+publish_job:
+  description: With O(publish=together), the job id of the last job, which publishes every target.
+  returned: when O(job=true) and jobs were submitted
+  type: str
+publish_job_state:
+  description: Slurm's state of the publish job (V(CANCELLED) when a target's job failed).
+  returned: when O(publish=together) and the module waited for the jobs
+  type: str
+next:
+  description:
+    - The commands that finish runs left C(staged) (a target's job failed or was cancelled);
+      C(eb-staged-rebuild publish RUN ...) publishes them, C(eb-staged-rebuild discard RUN ...)
+      removes their builds; empty when none is staged.
+  returned: when O(job=true) and the module waited for the jobs
+  type: list
+  elements: str
+jobs:
+  description:
+    - In check mode with O(job=true), the jobs it would submit, in order, each with C(target),
+      C(state_root), C(publish) (the last job of O(publish=together)), C(sbatch) (the command)
+      and C(script) (the batch script sbatch is given).
+  returned: in check mode with O(job=true)
+  type: list
+  elements: dict
 build_log:
   description: EasyBuild's whole output of the failed build.
   returned: when EasyBuild ran and failed
@@ -319,11 +453,15 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import (
     cli,
     commands,
+    jobwait,
     module_support,
     settings,
+    submission,
+    uptodate,
 )
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import request as request_module
 
@@ -342,12 +480,108 @@ def argument_spec():
         installpath_modules={"type": "path"},
         eb={"type": "str"},
         rebuild={"type": "str", "choices": ["changed", "always"], "default": "changed"},
+        job={"type": "bool", "default": False},
+        job_cores={"type": "int"},
+        job_max_walltime={"type": "float"},
+        targets_file={"type": "path"},
+        targets={"type": "list", "elements": "str", "default": []},
+        # No default: a value given without job is refused (the command line's --publish too).
+        publish={"type": "str", "choices": [submission.EACH, submission.TOGETHER]},
+        wait_timeout={"type": "float", "default": 3600.0},
     )
 
 
 def request(params, environ):
     """The core's request from the options; the install paths fall back as EasyBuild's do."""
     return request_module.resolve(params, environ, params["easyconfigs"] + params["eb_args"])
+
+
+def job_values(params):
+    """The module's options as the submission reads them (its ``target`` is ``targets``)."""
+    return dict(params, target=params["targets"])
+
+
+def option_name(name):
+    """A setting as this module's messages name it: the submission's ``target`` is ``targets``."""
+    return "targets" if name == "target" else module_support.option_name(name)
+
+
+def refuse_job_options(module):
+    """The job options without O(job=true) fail the task, as the command line refuses them."""
+    try:
+        submission.resolve(job_values(module.params), os.environ)
+    except commands.FAILURES as err:
+        module.fail_json(
+            msg=commands.failure_message(err, name_of=option_name), error=commands.failure_kind(err)
+        )
+
+
+def submit_jobs(params, environ, dry_run):
+    """``rebuild --job``: the jobs planned, then (not in check mode) submitted and waited for."""
+    jobs = submission.resolve(job_values(params), environ)
+    if jobs.target and (params["state_root"] or any(params[name] for name in request_module.TREE_OPTIONS)):
+        raise errors.UsageError(
+            "state_root and installpath go without targets: the site file names each target's trees"
+        )
+    state_root = None if jobs.target else module_support.state_root(params, environ)
+    eb_args = params["easyconfigs"] + params["eb_args"]
+    prepared = submission.prepare(job_values(params), environ, eb_args, jobs, state_root)
+    if params["rebuild"] == "changed":
+        prepared = _outdated(prepared)
+        if not prepared.placements:
+            nothing = {"changed": False, "state": "up_to_date", "run_id": prepared.run_id}
+            return dict(nothing, would_change=False) if dry_run else nothing
+    tool = submission.tool_command(environ, [])
+    targets_file = jobs.targets_file if jobs.target else None
+    planned = submission.plan_jobs(
+        prepared.run_id,
+        prepared.placements,
+        jobs.job_options,
+        tool,
+        together=jobs.together,
+        targets_file=targets_file,
+        lock_timeout=params["lock_timeout"],
+    )
+    if dry_run:
+        return {
+            "would_change": True,
+            "dry_run": True,
+            "run_id": prepared.run_id,
+            "jobs": [job.as_dict() for job in planned],
+        }
+    submitted = submission.submit_rebuild(prepared, planned, dict(environ))
+    if params["wait_timeout"] <= 0:
+        return dict(submitted, targets=submitted["jobs"])
+    states = jobwait.wait(submitted, environ, params["wait_timeout"])
+    return dict(jobwait.report(submitted, states, tool[0], targets_file), changed=True)
+
+
+def _outdated(prepared):
+    """``prepared`` without the targets whose live installs are up to date."""
+    kept = [
+        (placement, wanted)
+        for placement, wanted in zip(prepared.placements, prepared.requests)
+        if not all(entry["up_to_date"] for entry in uptodate.compare(wanted))
+    ]
+    return submission.Prepared(prepared.run_id, [pair[0] for pair in kept], [pair[1] for pair in kept])
+
+
+def run_jobs(module):
+    """The module with O(job=true): fails, with the per-target report, unless every target
+    was published (or, with wait_timeout 0, submitted)."""
+    result, failure = module_support.run(
+        lambda dry_run: submit_jobs(module.params, os.environ, dry_run), module.check_mode
+    )
+    if failure is not None:
+        module.fail_json(**failure)
+    why = (
+        None
+        if module.check_mode or "lines" not in result
+        else jobwait.failed(result, module.params["publish"] == submission.TOGETHER)
+    )
+    if why is not None:
+        module.fail_json(msg=why, error="publish_failed", **result)
+    module.exit_json(**result)
 
 
 def main():
@@ -357,6 +591,10 @@ def main():
         required_together=[("installpath_software", "installpath_modules")],
         supports_check_mode=True,
     )
+    if module.params["job"]:
+        run_jobs(module)
+        return
+    refuse_job_options(module)
     rebuild = COMMANDS[module.params["rebuild"]]
     # Never printed: the module's stdout is its JSON result.
     progress = []

@@ -111,6 +111,18 @@ def detect(env, deadline: Deadline) -> Detection:
     return Detection(candidates, accel, overrides)
 
 
+def cpupath(script, env, deadline: Deadline) -> str:
+    """``bash SCRIPT cpupath``'s answer: the one CPU target EESSI picks for this node, with
+    ``env`` as the script reads it (its overrides included); ArchdetectFailed otherwise."""
+    (result,) = _run([[bash_path(env), script, "cpupath"]], envdelta.child_environment(env), deadline)
+    if result.returncode != 0:
+        raise ArchdetectFailed(_failure("cpupath", result))
+    answer = _answer(result.stdout)
+    if not _TARGET.match(answer):
+        raise ArchdetectFailed(f"archdetect cpupath answered {answer!r}")
+    return answer
+
+
 def select_target(candidates, eessi_prefix):
     """The first candidate with a software directory: the one the EESSI module would load."""
     if not eessi_prefix:

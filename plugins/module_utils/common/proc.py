@@ -74,6 +74,7 @@ def run_child(
     on_line: Optional[Callable[[str], None]] = None,
     preexec: Optional[Callable[[], None]] = None,
     pass_fds: Sequence[int] = (),
+    input_bytes: Optional[bytes] = None,
 ) -> ChildResult:
     """Run ``argv`` to completion, or until ``deadline`` (None: no limit) passes.
 
@@ -91,9 +92,14 @@ def run_child(
     started is held until its process group exists, so that the ``Terminated`` it raises
     finds a group to kill. ``OSError`` from starting the program (not found, not
     executable, a missing ``cwd``) reaches the caller, with nothing left running.
+
+    ``input_bytes``, with captured output only, is written to the child's stdin (a batch
+    script for sbatch), which is /dev/null otherwise.
     """
     if output_fd is not None and on_line is not None:
         raise ValueError("run_child takes output_fd or on_line, not both")
+    if input_bytes is not None and (output_fd is not None or on_line is not None):
+        raise ValueError("run_child takes input_bytes with captured output only")
     stdout_to, stderr_to = _streams(output_fd, on_line)
     mask = hold_sigterm()
     try:
@@ -105,6 +111,7 @@ def run_child(
             stderr_to=stderr_to,
             preexec=preexec,
             pass_fds=pass_fds,
+            stdin_from=subprocess.DEVNULL if input_bytes is None else subprocess.PIPE,
         )
     except BaseException:
         release_sigterm(mask)
@@ -112,7 +119,10 @@ def run_child(
     try:
         # Inside the try: a SIGTERM held meanwhile arrives here, and finds the group to kill.
         release_sigterm(mask)
-        stdout, stderr = _collect(child, deadline, output_fd, on_line)
+        if input_bytes is not None:
+            stdout, stderr = child.communicate(input_bytes, timeout=_remaining(deadline))
+        else:
+            stdout, stderr = _collect(child, deadline, output_fd, on_line)
     except (subprocess.TimeoutExpired, _Overdue):
         _kill_group(child)
         if deadline is None:  # only a deadline times out: anything else is a bug to show
@@ -168,13 +178,16 @@ def run_children(
         raise
 
 
-def _start(argv, *, env, cwd, stdout_to, stderr_to, preexec, pass_fds=()) -> subprocess.Popen:
-    """``argv`` started in its own session, stdin from /dev/null; SIGTERM is held by the caller."""
+def _start(
+    argv, *, env, cwd, stdout_to, stderr_to, preexec, pass_fds=(), stdin_from=subprocess.DEVNULL
+) -> subprocess.Popen:
+    """``argv`` started in its own session, stdin from /dev/null unless the caller writes it;
+    SIGTERM is held by the caller."""
     return subprocess.Popen(
         argv,
         env=env,
         cwd=cwd,
-        stdin=subprocess.DEVNULL,
+        stdin=stdin_from,
         stdout=stdout_to,
         stderr=stderr_to,
         pass_fds=tuple(pass_fds),
@@ -258,6 +271,9 @@ def _kill_group(child: subprocess.Popen) -> None:
     # that stayed in the group.
     with contextlib.suppress(ProcessLookupError):
         os.killpg(child.pid, signal.SIGKILL)
+    if child.stdin is not None:  # input a child never read: nobody reads it now
+        with contextlib.suppress(OSError):
+            child.stdin.close()
     try:
         child.communicate(timeout=POST_KILL_WAIT_SECONDS)
     except subprocess.TimeoutExpired:

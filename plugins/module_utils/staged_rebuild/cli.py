@@ -26,7 +26,7 @@ import sys
 from ..common import errors
 from ..common.printable import printable, unicode_result
 from ..common.version import VERSION
-from . import commands, probe, settings, text
+from . import commands, probe, settings, slurmjob, submission, targets, text
 from . import request as request_module
 
 PROG = "eb-staged-rebuild"
@@ -44,10 +44,23 @@ EXAMPLES = {
     "rebuild": (
         "eb-staged-rebuild rebuild --dry-run --installpath /apps --module GROMACS/2024.1-foss-2023b \\",
         "    -- GROMACS-2024.1-foss-2023b.eb --robot",
-        "eb-staged-rebuild --state-root /apps/.staged rebuild --backend bwrap --run-id fix-4711 \\",
-        "    --installpath /apps --module hello/1.0 -- hello-1.0.eb",
         "eb-staged-rebuild rebuild --dry-run --installpath /apps --module zlib/1.3.1-GCCcore-13.2.0 \\",
         "    --with-dependants -- zlib-1.3.1-GCCcore-13.2.0.eb",
+        "eb-staged-rebuild rebuild --job --targets-file /apps/targets.ini --target all --publish together \\",
+        "    --job-cores 16 --job-max-walltime 4 --module hello/1.0 -- hello-1.0.eb",
+    ),
+    "job-start": (
+        "eb-staged-rebuild job-start fix-4711 --state-root /apps/.staged   # a job's script runs this",
+        "eb-staged-rebuild job-start fix-4711 --state-root /apps/zen3/.eb-staged-rebuild \\",
+        "    --targets-file /apps/targets.ini",
+    ),
+    "publish": (
+        "eb-staged-rebuild publish fix-4711 --targets-file /apps/targets.ini --target all",
+        "eb-staged-rebuild --state-root /apps/.staged publish fix-4711",
+    ),
+    "discard": (
+        "eb-staged-rebuild discard fix-4711 --targets-file /apps/targets.ini --target all",
+        "eb-staged-rebuild --state-root /apps/.staged discard fix-4711",
     ),
     "resume": (
         "eb-staged-rebuild resume            # every interrupted run",
@@ -67,8 +80,8 @@ EXAMPLES = {
         "eb-staged-rebuild gc --no-squeue       # on a host without Slurm: the grace period alone",
     ),
     "status": (
-        "eb-staged-rebuild status",
         "eb-staged-rebuild status fix-4711",
+        "eb-staged-rebuild status --targets-file /apps/targets.ini --target all   # with the jobs' states",
         "eb-staged-rebuild --json status | jq -r '.runs[] | select(.state != \"published\") | .run_id'",
     ),
     "probe": (
@@ -99,6 +112,8 @@ def build_parser():
     after.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="print one JSON document"
     )
+    # So may --state-root ("job-start RUN --state-root DIR", as a job's script runs it).
+    after.add_argument("--state-root", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
 
@@ -113,7 +128,8 @@ def build_parser():
         "--eb", help=f"the EasyBuild command (default: ${settings.EB_VARIABLE}, else eb on PATH)"
     )
     settings.add_arguments(build, request_module.RebuildRequest)
-    build.add_argument("--dry-run", action="store_true")
+    settings.add_arguments(build, submission.JobRequest)
+    build.add_argument("--dry-run", action="store_true", help="with --job: the sbatch commands it would run")
     build.add_argument("eb_args", nargs=argparse.REMAINDER, help="-- then EasyBuild's arguments")
     build.set_defaults(func=cmd_rebuild, words=text.rebuild)
 
@@ -155,7 +171,10 @@ def build_parser():
 
     show = commands.add_parser("status", **_help("status", after), help="list runs, or show one")
     show.add_argument("run_id", nargs="?")
+    _target_arguments(show)
     show.set_defaults(func=cmd_status, words=text.status)
+
+    _job_commands(commands, after)
 
     look = commands.add_parser(
         "probe", **_help("probe", after), help="what the filesystem at --path and this host can do"
@@ -164,6 +183,32 @@ def build_parser():
     look.add_argument("--eb", help="the EasyBuild whose version is checked")
     look.set_defaults(func=cmd_probe, words=text.probed)
     return parser
+
+
+def _job_commands(commands, after):
+    """The commands of runs submitted as Slurm jobs: the job's own, and what follows staged runs."""
+    start = commands.add_parser(
+        "job-start",
+        **_help("job-start", after),
+        help="run a queued run in its Slurm job (what a --job's batch script runs)",
+    )
+    start.add_argument("run_id")
+    start.add_argument("--targets-file", help="the site file the run's target is checked with")
+    start.set_defaults(func=cmd_job_start, words=text.job_started)
+
+    publish = commands.add_parser(
+        "publish", **_help("publish", after), help="publish staged runs (--publish together), all or none"
+    )
+    publish.add_argument("run_id")
+    _target_arguments(publish)
+    publish.set_defaults(func=cmd_publish, words=text.published_staged)
+
+    discard = commands.add_parser(
+        "discard", **_help("discard", after), help="remove the staged builds of a run, publishing nothing"
+    )
+    discard.add_argument("run_id")
+    _target_arguments(discard)
+    discard.set_defaults(func=cmd_discard, words=text.discarded)
 
 
 def _help(name, after):
@@ -180,6 +225,20 @@ def _tree_arguments(parser, checked=""):
     parser.add_argument("--installpath", help=f"the live tree{checked} (default: $EASYBUILD_INSTALLPATH)")
     parser.add_argument("--installpath-software", help="the live software tree (with --installpath-modules)")
     parser.add_argument("--installpath-modules", help="the live module tree (with --installpath-software)")
+
+
+def _target_arguments(parser):
+    parser.add_argument(
+        "--targets-file", help=f"the site file of CPU targets (default: ${targets.TARGETS_VARIABLE})"
+    )
+    parser.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="the state root of this target of the site file (instead of --state-root); "
+        "repeatable; all: every target",
+    )
 
 
 # resume, rollback and gc refuse a journal of other trees than these, when any is given.
@@ -209,9 +268,69 @@ def _progress(args):
 
 
 def cmd_rebuild(args, now):
+    jobs = submission.resolve(vars(args), os.environ)
+    if jobs.job:
+        return _submit(args, jobs)
     return commands.run_rebuild(
         _request(args), _state_root(args), _progress(args), dict(os.environ), dry_run=args.dry_run
     )
+
+
+def _submit(args, jobs):
+    """``rebuild --job``: the runs queued and their jobs submitted; with ``--dry-run`` the
+    sbatch commands that would be."""
+    eb_args = args.eb_args[1:] if args.eb_args[:1] == ["--"] else args.eb_args
+    if jobs.target and (args.state_root or any(getattr(args, name) for name in request_module.TREE_OPTIONS)):
+        raise errors.UsageError(
+            "--state-root and --installpath go without --target: the site file names each target's trees"
+        )
+    state_root = None if jobs.target else _state_root(args)
+    prepared = submission.prepare(vars(args), os.environ, eb_args, jobs, state_root)
+    planned = submission.plan_jobs(
+        prepared.run_id,
+        prepared.placements,
+        jobs.job_options,
+        submission.tool_command(os.environ, _running_command()),
+        together=jobs.together,
+        targets_file=jobs.targets_file if jobs.target else None,
+        lock_timeout=settings.lock_timeout(vars(args)),
+    )
+    if args.dry_run:
+        return {
+            "changed": False,
+            "dry_run": True,
+            "would_change": True,
+            "run_id": prepared.run_id,
+            "jobs": [job.as_dict() for job in planned],
+        }
+    return submission.submit_rebuild(prepared, planned, dict(os.environ))
+
+
+def _running_command():
+    """How this process was started, as a job runs it again: ``python -m`` of this module,
+    or the installed command; empty when neither (a test calling ``main``)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name.endswith("staged_rebuild.cli"):
+        return [sys.executable, "-m", spec.name]
+    program = sys.argv[0] if sys.argv else ""
+    if os.path.basename(program) == PROG and os.access(program, os.X_OK):
+        return [os.path.abspath(program)]
+    return []
+
+
+def _state_roots(args):
+    """``(target, state root)`` of each ``--target`` of the site file, else of ``--state-root``."""
+    if not args.target:
+        return [(None, _state_root(args))]
+    site_path = targets.site_file(args.targets_file, os.environ)
+    if site_path is None:
+        raise errors.UsageError(
+            f"--target needs a site file: --targets-file FILE or ${targets.TARGETS_VARIABLE}"
+        )
+    if args.state_root:
+        raise errors.UsageError("--state-root goes without --target: the site file names each target's")
+    chosen = targets.select(targets.load(site_path), args.target)
+    return [(target.name, target.state_root) for target in chosen]
 
 
 def cmd_resume(args, now):
@@ -222,6 +341,7 @@ def cmd_resume(args, now):
         progress=_progress(args),
         env=dict(os.environ),
         trees=_trees(args),
+        job_alive=lambda job_id: slurmjob.job_alive(job_id, os.environ),
     )
 
 
@@ -250,7 +370,46 @@ def cmd_gc(args, now):
 
 
 def cmd_status(args, now):
-    return commands.show_status(_state_root(args), args.run_id)
+    if not args.target:
+        return submission.with_job_states(commands.show_status(_state_root(args), args.run_id), os.environ)
+    roots = _state_roots(args)
+    return {
+        "targets": [
+            {
+                "target": name,
+                "state_root": state_root,
+                **submission.with_job_states(commands.show_status(state_root, args.run_id), os.environ),
+            }
+            for name, state_root in roots
+        ]
+    }
+
+
+def cmd_job_start(args, now):
+    state_root = _state_root(args)
+    env = dict(os.environ)
+    return commands.start_job(
+        state_root,
+        args.run_id,
+        _progress(args),
+        env,
+        node=slurmjob.this_node(env),
+        check_node=submission.node_check(targets.site_file(args.targets_file, {}), state_root, env),
+    )
+
+
+def _runs_of(args):
+    return [(state_root, args.run_id) for _name, state_root in _state_roots(args)]
+
+
+def cmd_publish(args, now):
+    runs = _runs_of(args)
+    return commands.publish_runs(runs, settings.lock_timeout(vars(args)), _progress(args))
+
+
+def cmd_discard(args, now):
+    runs = _runs_of(args)
+    return commands.discard_runs(runs, settings.lock_timeout(vars(args)))
 
 
 def cmd_probe(args, now):

@@ -227,26 +227,37 @@ def _run_modules(run: Mapping[str, Any]) -> List[str]:
 
 def status(result: Mapping[str, Any], context: Context) -> str:
     """``status``: a table of every run, then the run directories without a journal; with a
-    run, its block (``run_block``)."""
+    run, its block (``run_block``); with ``--target``, that for each target's state root."""
+    if "targets" in result:
+        return _targets_status(result, context)
     if "run" in result:
         return run_block(result, context)
     runs = result["runs"]
     if runs:
+        with_jobs = any(run.get("job") for run in runs)
         rows = [
             (
                 printable(run["run_id"]),
                 printable(run["kind"]),
                 printable(run["state"]),
                 when(run["created"], context.now),
+                *([job_state(run.get("job"))] if with_jobs else []),
                 ", ".join(map(printable, _run_modules(run))),
             )
             for run in runs
         ]
-        lines = table(("RUN", "KIND", "STATE", "CREATED", "MODULES"), rows, context.style)
+        header = ("RUN", "KIND", "STATE", "CREATED", *(["JOB"] if with_jobs else []), "MODULES")
+        lines = table(header, rows, context.style)
     else:
         lines = [f"No runs in {printable(context.state_root)}."]
     lines.extend(_incomplete(result["incomplete"], context.style))
     for run in runs:
+        if RunState(run["state"]) is RunState.STAGED:
+            lines += [
+                "",
+                *wrap(printable(f"Run {run['run_id']} is staged; next:")),
+                *_staged_commands(run["run_id"], context),
+            ]
         if RunState(run["state"]) in journals.INTERRUPTED:
             lines += [
                 "",
@@ -256,6 +267,41 @@ def status(result: Mapping[str, Any], context: Context) -> str:
                 ),
             ]
     return _done(lines)
+
+
+def job_state(job: Optional[Mapping[str, Any]]) -> str:
+    """A run's job in a few words: ``123 zen3 RUNNING on node1``, ``124 PENDING (Dependency)``,
+    ``125 unknown (finished)``; the id alone where Slurm was not asked (the run has ended)."""
+    if not job:
+        return ""
+    words = [printable(job.get("job_id") or "not submitted")]
+    if job.get("target"):
+        words.append(printable(job["target"]))
+    slurm = job.get("slurm")
+    if slurm:
+        words.append(printable(slurm["state"]))
+        if slurm.get("node"):
+            words.append(f"on {printable(slurm['node'])}")
+        detail = slurm.get("reason") or slurm.get("why")
+        if detail:
+            words.append(f"({printable(detail)})")
+    elif job.get("node"):
+        words.append(f"ran on {printable(job['node'])}")
+    return " ".join(words)
+
+
+def _targets_status(result: Mapping[str, Any], context: Context) -> str:
+    """``status --target``: each target's runs under its name and state root."""
+    blocks = []
+    for entry in result["targets"]:
+        shown = dataclasses.replace(
+            context,
+            state_root=entry["state_root"],
+            command=(context.command[0], "--state-root", entry["state_root"]),
+        )
+        title = f"Target {printable(entry['target'])} ({printable(entry['state_root'])})"
+        blocks.append(f"{context.style.bold(title)}\n{status(entry, shown)}")
+    return "\n".join(blocks)
 
 
 def _incomplete(incomplete, style: Style) -> List[str]:
@@ -303,6 +349,12 @@ def run_block(result: Mapping[str, Any], context: Context) -> str:
             ("Journal", printable(journal.path)),
         ]
     )
+    shown = result["run"]
+    if shown.get("job"):
+        lines += _fields([("Job", job_state(shown["job"]))])
+    if shown.get("error"):
+        cancelled = " (cancelled)" if shown.get("cancelled") else ""
+        lines += _fields([("Error", printable(shown["error"]) + cancelled)])
     if run.kind is RunKind.RETIRE:
         retired_to = run.retired_to or ""
         lines += _fields(
@@ -349,7 +401,17 @@ def _next(run_id: str, kind: RunKind, state: RunState, context: Context) -> List
         return ["", *command("Next", _next_command(run_id, kind, context))]
     if state in (RunState.PUBLISHED, RunState.RETIRED):
         return ["", *command("Undo", context.suggest("rollback", run_id))]
+    if state is RunState.STAGED:
+        return ["", *_staged_commands(run_id, context)]
     return []
+
+
+def _staged_commands(run_id: str, context: Context) -> List[str]:
+    """What decides a staged run: publish it (with the other targets' runs), or discard it."""
+    return [
+        *command("Publish", context.suggest("publish", run_id)),
+        *command("Discard", context.suggest("discard", run_id)),
+    ]
 
 
 # rebuild, resume, rollback, retire
@@ -393,6 +455,8 @@ _MODULE_LABEL = len("Previous file:")
 
 def rebuild(result: Mapping[str, Any], context: Context) -> str:
     """A published rebuild: what is live now, what is kept, and how to undo it."""
+    if "jobs" in result:
+        return submitted(result, context)
     if result.get("dry_run"):
         return _rebuild_dry_run(result)
     journal = context.journal(result["run_id"])
@@ -674,4 +738,66 @@ def probed(result: Mapping[str, Any], context: Context) -> str:
     )
     for line in result["recommendations"]:
         lines += wrap(f"Recommended: {printable(line)}")
+    return _done(lines)
+
+
+# rebuild --job, job-start, publish, discard
+
+
+def submitted(result: Mapping[str, Any], context: Context) -> str:
+    """``rebuild --job``: the run and its jobs, one line; with ``--dry-run`` each sbatch
+    command and the script it would be given."""
+    run_id = printable(result["run_id"])
+    if result.get("dry_run"):
+        lines = wrap(
+            f"Dry run: would queue run {run_id} and submit {len(result['jobs'])} jobs; nothing was submitted."
+        )
+        for job in result["jobs"]:
+            what = (
+                "publish job" if job["publish"] else f"job of {printable(job['target'] or 'the trees given')}"
+            )
+            lines += ["", *command(what[0].upper() + what[1:], [shell_word(word) for word in job["sbatch"]])]
+            lines += ["  " + printable(line) for line in job["script"].splitlines()]
+        return _done(lines)
+    jobs = [
+        f"job {printable(job['job_id'])}" + (f" ({printable(job['target'])})" if job["target"] else "")
+        for job in result["jobs"]
+    ]
+    if result.get("publish_job"):
+        jobs.append(f"publish job {printable(result['publish_job'])}")
+    lines = wrap(f"submitted run {run_id}: {', '.join(jobs)}")
+    return _done([*lines, *command("Status", context.suggest("status", result["run_id"]))])
+
+
+def job_started(result: Mapping[str, Any], context: Context) -> str:
+    """``job-start``: the run's end in its job, as ``rebuild`` words a published one."""
+    if result.get("state") == RunState.STAGED.value:
+        lines = wrap(
+            f"Run {printable(result['run_id'])} is staged in {printable(context.state_root)}: built, "
+            "checked and planned; nothing live changed."
+        )
+        return _done([*lines, *_staged_commands(result["run_id"], context)])
+    return rebuild(result, context)
+
+
+def published_staged(result: Mapping[str, Any], context: Context) -> str:
+    """``publish RUN``: every staged run published, each with the command that undoes it."""
+    lines: List[str] = []
+    for ref in result["published"]:
+        lines += wrap(f"Published run {printable(ref['run_id'])} in {printable(ref['state_root'])}.")
+        undo = (context.command[0], "--state-root", ref["state_root"], "rollback", ref["run_id"])
+        lines += command("Undo", [shell_word(word) for word in undo])
+    return _done(lines)
+
+
+def discarded(result: Mapping[str, Any], context: Context) -> str:
+    """``discard RUN``: each staged build removed, its run ended failed; nothing live changed."""
+    lines = [
+        line
+        for ref in result["discarded"]
+        for line in wrap(
+            f"Discarded run {printable(ref['run_id'])} in {printable(ref['state_root'])}: its staged "
+            "build is removed; nothing live changed."
+        )
+    ]
     return _done(lines)

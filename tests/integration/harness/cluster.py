@@ -2,14 +2,19 @@
 compute nodes of three CPU targets (the third with a GPU) and two build nodes.
 
 The cluster gate runs the tests marked ``cluster`` on two xdist workers (``--dist
-loadgroup``), each with a cluster of its own that its tests share: the guard's tests and
-the harness's (``CLUSTER_GUARD``) on one, those of the shared filesystems, the rebuilds and
-the fleet benchmark (``CLUSTER``) on the other. The two groups cost about the same, so both
+loadgroup``), each with a cluster of its own that its tests share: the guard's tests, the
+harness's and the rebuilds as Slurm jobs (``CLUSTER_GUARD``) on one, those of the shared
+filesystems, the rebuilds and the fleet benchmark (``CLUSTER``) on the other. The two groups
+cost about the same, so both
 workers finish together; a group's files run one after another, in the order pytest
 collects them. The CPUs are cpuinfo fixtures of this machine's type (``uname -m``),
 none of them the machine's own, so what a node reports is what the harness gave it, whatever
 machine the suite runs on. The login node's target differs from every compute node's: a job
 submitted there carries an environment that is wrong on all of them.
+
+Each compute node advertises its CPU target as a Slurm feature (``zen3``, ``icelake`` and
+``haswell`` on x86_64), and ``build_account`` adds the unprivileged account that builds and
+owns the per-target trees on every node, with the same uid and gid.
 
 At the end of the session the cluster is stopped by pid and ``leftovers()`` must be empty: a
 process, mount, namespace or interface still there fails the session.
@@ -52,6 +57,10 @@ CPUS = {
     ),
 }
 BUILD_NODES = 2
+# The build account: not root, the same ids on every node, a home of its own on each node
+# (so that EasyBuild's build directories of concurrent jobs never meet on /tmp, which the
+# nodes share). Its ids are free on the machine (checked when it is added).
+BUILD_ACCOUNT = ("hpcstack-build", 2961, 2961, "/home/hpcstack-build")
 # The nodes that mount the session's shared filesystems: the build nodes and the compute nodes.
 SHARED_FS_CLIENTS = ("b1", "b2", "c1", "c2", "c3")
 
@@ -86,6 +95,13 @@ def cluster() -> Iterator[namespace_cluster.Cluster]:
             namespace_cluster.remove_root(started)
     if left:
         pytest.fail("the cluster left behind: " + "; ".join(left))
+
+
+@pytest.fixture(scope="session")
+def build_account(cluster) -> namespace_cluster.Account:
+    """The build account on every node of the session's cluster (kept until it stops)."""
+    name, uid, gid, home = BUILD_ACCOUNT
+    return cluster.add_account(name, uid, gid, home)
 
 
 def _shared_fs(cluster, start) -> Iterator[sharedfs.SharedFS]:

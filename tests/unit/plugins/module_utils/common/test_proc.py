@@ -36,6 +36,24 @@ def test_child_leads_its_own_session_with_stdin_from_dev_null():
     assert stdin == "/dev/null"
 
 
+def test_input_bytes_are_the_child_s_stdin_and_its_end():
+    # sbatch reads its batch script from stdin.
+    result = proc.run_child(
+        ["sh", "-c", "cat; echo end"],
+        env={"PATH": os.defpath},
+        deadline=proc.Deadline(30),
+        input_bytes=b"a\nb",
+    )
+    assert (result.returncode, result.stdout) == (0, b"a\nbend\n")
+    with pytest.raises(ValueError, match="input_bytes with captured output only"):
+        proc.run_child(["true"], env=None, input_bytes=b"", on_line=lambda line: None)
+
+
+def test_a_child_that_does_not_read_its_input_bytes_still_ends_at_the_deadline():
+    with pytest.raises(proc.DeadlineExceeded):
+        proc.run_child(["sleep", "30"], env=None, deadline=proc.Deadline(0.5), input_bytes=b"x" * (1 << 20))
+
+
 def test_a_passed_descriptor_is_the_child_s_at_its_number_and_no_other_is(tmp_path):
     script = tmp_path / "script.sh"
     script.write_text("#!/bin/sh\necho ran from $0\n")
