@@ -134,13 +134,14 @@ def publish_staged(
             if faults is not None and journal.state_root in faults:
                 journal.faults = faults[journal.state_root]
         published: List[Journal] = []
-        for journal in staged:
-            progress(f"publishing run {journal.run_id} in {journal.state_root}")
-            try:
+        # One handler for the whole loop: a SIGTERM between two publishes rolls back too.
+        try:
+            for journal in staged:
+                progress(f"publishing run {journal.run_id} in {journal.state_root}")
                 rebuild.publish_planned(journal)
-            except BaseException as err:
-                raise _publish_failed(journal, err, published, staged) from err
-            published.append(journal)
+                published.append(journal)
+        except BaseException as err:
+            raise _publish_failed(err, published, staged) from err
         return {
             "changed": True,
             "published": [_ref(journal) for journal in published],
@@ -157,10 +158,11 @@ def _ref(journal: Journal) -> Dict[str, str]:
 
 
 def _publish_failed(
-    failed: Journal, err: BaseException, published: List[Journal], staged: List[Journal]
+    err: BaseException, published: List[Journal], staged: List[Journal]
 ) -> errors.PublishError:
-    """Roll back the runs published before ``failed``, newest first, and say what became of
-    every run."""
+    """Roll back the runs ``published`` by this call, newest first, and say what became of
+    every run: the one whose publish failed (reversed by its own transaction), those rolled
+    back, those still staged."""
     outcome = []
     # A second SIGTERM must not leave some targets published and others not.
     with SigtermHeld():
@@ -174,12 +176,12 @@ def _publish_failed(
                     f"({journals.failure_reason(rollback_err)}); "
                     f"'eb-staged-rebuild rollback {journal.run_id}'"
                 )
-    waiting = staged[staged.index(failed) + 1 :]
-    outcome.extend(f"{_name(journal)} stays staged" for journal in waiting)
+    outcome.extend(f"{_name(journal)} stays staged" for journal in staged[len(published) + 1 :])
     details = dict(err.details) if isinstance(err, errors.HpcstackError) else {}
     details["outcome"] = outcome
+    failed = _name(staged[len(published)]) if len(published) < len(staged) else "the runs"
     return errors.PublishError(
-        f"publish of {_name(failed)} failed ({errors.marked(err)}); "
+        f"publish of {failed} failed ({errors.marked(err)}); "
         + ("; ".join(outcome) if outcome else "no other run was published"),
         details=details,
     )

@@ -511,3 +511,19 @@ def test_a_job_id_that_is_not_digits_is_refused_and_not_recorded(live_site, job_
     assert str(raised.value) == f"job id {job_id!r} is not a job id (digits)"
     assert Path(journal.path).read_bytes() == written
     assert _journal(site).run.job.job_id is None
+
+
+def test_a_failed_first_publish_leaves_the_second_run_staged_and_says_so(pair):
+    before = [_live_state(site) for site in pair.sites]
+    runs = sorted(pair.runs())
+    by_root = {str(site.state_root): site for site in pair.sites}
+
+    with pytest.raises(errors.PublishError) as raised:
+        staged.publish_staged(runs, 0, lambda line: None, faults={runs[0][0]: faults.Faults(fail_at=1)})
+
+    assert str(raised.value).startswith(f"publish of run {RUN_ID} in {runs[0][0]} failed (")
+    assert str(raised.value).endswith(f"; run {RUN_ID} in {runs[1][0]} stays staged")
+    assert raised.value.details["outcome"] == [f"run {RUN_ID} in {runs[1][0]} stays staged"]
+    assert _journal(by_root[runs[0][0]]).state is journals.RunState.FAILED
+    assert _journal(by_root[runs[1][0]]).state is journals.RunState.STAGED
+    assert [_live_state(site) for site in pair.sites] == before
