@@ -110,11 +110,12 @@ def resolve(values: Mapping[str, Any], environ: Mapping[str, str]) -> JobRequest
     if request.publish not in (EACH, TOGETHER):
         raise errors.UsageError(f"{setting('publish')} {request.publish} is not one of {EACH}, {TOGETHER}")
     if not request.job:
+        # ``each`` is what a run without a job does anyway: only ``together`` needs jobs.
         for name, value in (
             ("target", request.target),
             ("job_cores", request.job_cores),
             ("job_max_walltime", request.job_max_walltime),
-            ("publish", given["publish"]),
+            ("publish", request.together),
         ):
             if value:
                 raise errors.UsageError(f"{setting(name)} goes with {setting('job')}")

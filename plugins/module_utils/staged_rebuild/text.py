@@ -256,7 +256,7 @@ def status(result: Mapping[str, Any], context: Context) -> str:
             lines += [
                 "",
                 *wrap(printable(f"Run {run['run_id']} is staged; next:")),
-                *_staged_next(run["run_id"], context),
+                *_staged_commands(run["run_id"], context),
             ]
         if RunState(run["state"]) in journals.INTERRUPTED:
             lines += [
@@ -402,11 +402,11 @@ def _next(run_id: str, kind: RunKind, state: RunState, context: Context) -> List
     if state in (RunState.PUBLISHED, RunState.RETIRED):
         return ["", *command("Undo", context.suggest("rollback", run_id))]
     if state is RunState.STAGED:
-        return ["", *_staged_next(run_id, context)]
+        return ["", *_staged_commands(run_id, context)]
     return []
 
 
-def _staged_next(run_id: str, context: Context) -> List[str]:
+def _staged_commands(run_id: str, context: Context) -> List[str]:
     """What decides a staged run: publish it (with the other targets' runs), or discard it."""
     return [
         *command("Publish", context.suggest("publish", run_id)),
@@ -776,7 +776,7 @@ def job_started(result: Mapping[str, Any], context: Context) -> str:
             f"Run {printable(result['run_id'])} is staged in {printable(context.state_root)}: built, "
             "checked and planned; nothing live changed."
         )
-        return _done([*lines, *_staged_next(result["run_id"], context)])
+        return _done([*lines, *_staged_commands(result["run_id"], context)])
     return rebuild(result, context)
 
 
