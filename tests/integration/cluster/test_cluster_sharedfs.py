@@ -203,7 +203,7 @@ def test_a_run_on_the_other_node_waits_for_the_lock_within_its_timeout(shared, c
     # gc ran, under the lock, once b1 let go: nothing to collect in an empty state root.
     assert json.loads(out) == {
         "changed": False, "dry_run": False, "grace_hours": 144.0, "incomplete": [], "interrupted": [],
-        "kept": [], "manual": [], "removed": [], "candidates": [],
+        "kept": [], "manual": [], "removed": [], "candidates": [], "queued": [], "staged": [],
         # No tree to look for: /proc is not read.
         "processes": {
             "scanned": 0, "unreadable": 0, "as_uid": 0, "seen": "every process of this node's pid namespace",

@@ -107,3 +107,31 @@ def test_a_submission_fails_unless_every_target_was_published_and_names_the_firs
     assert jobwait.failed({"run_id": "r1", "targets": each}, together=False) == (
         "run r1 did not publish icelake: icelake: no source"
     )
+
+
+def test_the_wait_gives_up_after_its_timeout_while_a_job_is_still_pending(monkeypatch):
+    # Slurm's answer and the journal are given (no Slurm here): a job pending for ever.
+    monkeypatch.setattr(
+        jobwait.slurmjob, "job_states", lambda ids, environ: {i: JobState(i, "PENDING") for i in ids}
+    )
+    monkeypatch.setattr(jobwait, "_runs", lambda submitted: [_run(RunState.QUEUED)])
+    submitted = {"run_id": "r1", "jobs": [{"job_id": "12", "target": "zen3", "state_root": "/s"}]}
+    naps = []
+
+    with pytest.raises(jobwait.WaitTimeout, match=r"^the jobs of run r1 had not ended after 0.05 s$"):
+        jobwait.wait(submitted, {}, 0.05, sleep=naps.append)
+
+    assert naps, "it asked again before giving up"
+    assert all(0 <= nap <= jobwait.POLL_SECONDS for nap in naps)
+
+
+def test_the_wait_returns_slurm_s_last_answer_once_every_job_ended(monkeypatch):
+    answers = iter([{"12": JobState("12", "RUNNING")}, {"12": JobState("12", "COMPLETED", node="c1")}])
+    runs = iter([[_run(RunState.BUILDING)], [_run(RunState.PUBLISHED)]])
+    monkeypatch.setattr(jobwait.slurmjob, "job_states", lambda ids, environ: next(answers))
+    monkeypatch.setattr(jobwait, "_runs", lambda submitted: next(runs))
+    submitted = {"run_id": "r1", "jobs": [{"job_id": "12", "target": "zen3", "state_root": "/s"}]}
+
+    states = jobwait.wait(submitted, {}, 60, sleep=lambda seconds: None)
+
+    assert states == {"12": JobState("12", "COMPLETED", node="c1")}
