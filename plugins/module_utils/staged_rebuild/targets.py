@@ -34,7 +34,7 @@ import dataclasses
 import os
 import re
 import stat
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
 from ..arch_guard import archdetect
 from ..common import errors
@@ -148,10 +148,25 @@ def load(path: str) -> Site:
             raise _refuse(
                 path, f"[{section}]", f"target name {name!r} is not a plain name ([A-Za-z0-9._-]), nor 'all'"
             )
-        found[name] = _target(path, section, name, values)
+        target = _target(path, section, name, values)
+        _refuse_shared(path, section, target, found.values())
+        found[name] = target
     if not found:
         raise errors.UsageError(f"site file {path} has no [target NAME] section")
     return Site(AbsPath(path), archdetect_script, found)
+
+
+def _refuse_shared(path: str, section: str, target: Target, earlier: Iterable[Target]) -> None:
+    """Each target has a tree and a state root of its own: a submission gives every target's
+    run one run id, and one tree published for two targets would be swapped twice."""
+    for other in earlier:
+        for key, mine, theirs in (
+            ("state-root", target.state_root, other.state_root),
+            ("installpath-software", target.trees.software, other.trees.software),
+            ("installpath-modules", target.trees.modules, other.trees.modules),
+        ):
+            if mine == theirs:
+                raise _refuse(path, f"[{section}] {key}", f"{mine} is also target {other.name}'s")
 
 
 def _unknown_keys(path: str, section: str, values: Mapping[str, str], known: Sequence[str]) -> None:

@@ -106,6 +106,18 @@ TARGET = "[target zen3]\ncpu = x86_64/amd/zen3\ninstallpath = /apps/zen3\nconstr
         (TARGET.replace("[target zen3]", "[target all]"), r"\[target all\]", "not a plain name"),
         (TARGET.replace("[target zen3]", "[targets zen3]"), r"\[targets zen3\]", "not a section"),
         ("[DEFAULT]\ncpu = x86_64/generic\n" + TARGET, r"\[DEFAULT\]", "not a section"),
+        (
+            TARGET + TARGET.replace("[target zen3]", "[target zen4]"),
+            r"\[target zen4\] state-root",
+            "/apps/zen3/.eb-staged-rebuild is also target zen3's",
+        ),
+        (
+            TARGET
+            + "[target zen4]\ncpu = x86_64/amd/zen4\ninstallpath-software = /apps/zen3/software\n"
+            + "installpath-modules = /apps/zen4/modules\nstate-root = /apps/zen4/state\nconstraint = zen4\n",
+            r"\[target zen4\] installpath-software",
+            "/apps/zen3/software is also target zen3's",
+        ),
     ],
 )
 def test_a_wrong_site_file_is_refused_in_one_line_naming_file_section_and_key(tmp_path, text, where, what):
