@@ -33,9 +33,9 @@ three quarters of their time, but beside pytest, which keeps both cores busy, th
 stretch its run and theirs (measured: the whole suite 54 s slower). Their two workers take
 one group of test files each (``--dist loadgroup``; the groups are in
 tests/integration/harness/cluster.py, chosen so that both take about as long) and each makes
-a cluster of its own, which its group's tests share: the guard's and the harness's tests on
-one, the shared filesystems', the rebuilds' and the fleet benchmark's on the other (the benchmark borrows
-that cluster rather than start one). pytest leaves them out.
+a cluster of its own, which its group's tests share: the guard's, the harness's and the
+rebuilds as Slurm jobs on one, the shared filesystems', the rebuilds' and the fleet benchmark's
+on the other (the benchmark borrows that cluster rather than start one). pytest leaves them out.
 """
 
 from __future__ import annotations
