@@ -12,7 +12,8 @@ POSIX record lock's: ``EAGAIN`` and ``EWOULDBLOCK`` (flock, and F_SETLK on Linux
 pause doubles from ``first_pause`` up to ``longest_pause``: a quick retry catches a lock
 released a moment later, the cap bounds how long a release goes unnoticed. It serves the
 state-root lock (``staged_rebuild.locking``), the lock probe's meeting point
-(``staged_rebuild.lockprobe``) and the guard's step lock (``arch_guard.cache``).
+(``staged_rebuild.lockprobe``) and the guard's step lock (``arch_guard.cache``); with a fixed
+pause, the wait for Slurm's jobs (``staged_rebuild.jobwait``), which nothing announces either.
 
 The guard's step lock is taken by every task of every job step, cache hit or not, so this
 module imports only what that path has loaded already (``fcntl``, ``time``); ``errno`` is

@@ -12,10 +12,9 @@ both in one entry per target, and one line per target for a person.
 
 from __future__ import annotations
 
-import time
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
-from ..common import errors
+from ..common import errors, lockwait
 from ..common.deadline import Deadline
 from . import journal as journals
 from . import slurmjob
@@ -70,27 +69,27 @@ def _done(runs: List[Any], states: Mapping[str, slurmjob.JobState], publish_job:
 
 
 def wait(
-    submitted: Mapping[str, Any],
-    environ: Mapping[str, str],
-    timeout: float,
-    *,
-    sleep: Callable[[float], None] = time.sleep,
+    submitted: Mapping[str, Any], environ: Mapping[str, str], timeout: float
 ) -> Dict[str, slurmjob.JobState]:
     """Wait until ``submitted``'s jobs (``rebuild --job``'s result) are over; their last
-    states. Raises ``WaitTimeout`` after ``timeout`` seconds."""
-    deadline = Deadline(timeout)
+    states. Raises ``WaitTimeout`` after ``timeout`` seconds. Slurm tells no one when a job
+    ends: its answer is asked again every ``POLL_SECONDS``, with lockwait's poll, the one
+    waiting loop of the code."""
     job_ids = [str(job["job_id"]) for job in submitted["jobs"]]
     publish_job = submitted.get("publish_job")
     if publish_job is not None:
         job_ids.append(str(publish_job))
-    while True:
-        states = slurmjob.job_states(job_ids, environ)
+    last: Dict[str, slurmjob.JobState] = {}
+
+    def ended() -> bool:
+        last.clear()
+        last.update(slurmjob.job_states(job_ids, environ))
         runs = list(zip(_runs(submitted), job_ids))
-        if _done(runs, states, None if publish_job is None else str(publish_job)):
-            return states
-        if deadline.remaining() <= 0:
-            raise WaitTimeout(f"the jobs of run {submitted['run_id']} had not ended after {timeout:g} s")
-        sleep(min(POLL_SECONDS, max(deadline.remaining(), 0.0)))
+        return _done(runs, last, None if publish_job is None else str(publish_job))
+
+    if not lockwait.poll(ended, Deadline(timeout), first_pause=POLL_SECONDS, longest_pause=POLL_SECONDS):
+        raise WaitTimeout(f"the jobs of run {submitted['run_id']} had not ended after {timeout:g} s")
+    return dict(last)
 
 
 def report(

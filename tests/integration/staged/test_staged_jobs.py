@@ -292,7 +292,7 @@ def test_publish_together_stages_each_target_then_the_last_job_publishes_both(jo
     assert jobs.installs() == before  # built, checked and planned; nothing live changed
     slurm_cluster.run(["scontrol", "release", publish_job], check=True)
     published = {
-        name: jobs.wait_for("job-t", name, lambda run: run["state"] != "staged")
+        name: jobs.wait_for("job-t", name, lambda run: _ended(run) and run["state"] != "staged")
         for name in ("zen3", "icelake")
     }
 

@@ -781,7 +781,7 @@ def case_cli_retire_without_reason(bench):
 
 @case("cli-unknown-command")
 def case_cli_unknown_command(bench):
-    return Attempt(["publish"], ("'publish'",))
+    return Attempt(["deploy"], ("'deploy'",))
 
 
 @case("probe-missing-path")
