@@ -5,11 +5,11 @@ The cluster gate runs the tests marked ``cluster`` on two xdist workers (``--dis
 loadgroup``), each with a cluster of its own that its tests share: the guard's tests, the
 harness's and the rebuilds as Slurm jobs (``CLUSTER_GUARD``) on one, those of the shared
 filesystems, the rebuilds and the fleet benchmark (``CLUSTER``) on the other. The two groups
-cost about the same, so both workers finish together; a group's files run one after
-another, in the order pytest collects them. The CPUs are cpuinfo fixtures of this
-machine's type (``uname -m``), none of them the machine's own, so what a node reports is what the harness gave it, whatever
-machine the suite runs on. The login node's target differs from every compute node's: a job
-submitted there carries an environment that is wrong on all of them.
+cost about the same, so both workers finish together; a group's files run one after another,
+in the order pytest collects them. The CPUs are cpuinfo fixtures of this machine's type
+(``uname -m``), none of them the machine's own, so what a node reports is what the harness
+gave it, whatever machine the suite runs on. The login node's target differs from every
+compute node's: a job submitted there carries an environment that is wrong on all of them.
 
 Each compute node advertises its CPU target as a Slurm feature (``zen3``, ``icelake`` and
 ``haswell`` on x86_64), and ``build_account`` adds the unprivileged account that builds and
