@@ -136,17 +136,25 @@ def _ask(squeue: str, env: Mapping[str, str]) -> RunningJobs:
         return RunningJobs(None, f"squeue's answer was not understood: {err}")
 
 
+def squeue_rows(text: str, width: int) -> List[List[str]]:
+    """The ``|``-separated fields of each line of squeue's ``--format`` answer, blank lines
+    left out; ValueError for a line that has not ``width`` fields."""
+    rows = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = [field.strip() for field in line.strip().split("|")]
+        if len(fields) != width:
+            raise ValueError(f"{line.strip()!r} has {len(fields)} fields, not {width}")
+        rows.append(fields)
+    return rows
+
+
 def parse(text: str) -> List[Job]:
     """``squeue --format=%i|%S|%u|%N`` lines, times in UTC, as jobs; ValueError for a line
     that is not one."""
     jobs = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        fields = line.strip().split("|")
-        if len(fields) != 4:
-            raise ValueError(f"{line!r} has {len(fields)} fields, not 4")
-        job_id, started, user, nodes = fields
+    for job_id, started, user, nodes in squeue_rows(text, 4):
         try:
             moment = datetime.datetime.strptime(started, _TIME_FORMAT).replace(tzinfo=datetime.timezone.utc)
         except ValueError:

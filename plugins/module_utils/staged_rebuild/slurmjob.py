@@ -30,7 +30,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 from ..common import errors, proc
 from ..common.deadline import Deadline, DeadlineExceeded
-from .runningjobs import client_environment
+from .runningjobs import client_environment, squeue_rows
 
 SUBMIT_SECONDS = 60
 ASK_SECONDS = 30
@@ -185,15 +185,9 @@ def parse_squeue(text: str) -> Dict[str, JobState]:
     """``squeue --format=%i|%T|%N|%r`` lines as job states by job id; ValueError for a line
     that is not one."""
     found = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        fields = line.strip().split("|")
-        if len(fields) != 4:
-            raise ValueError(f"{line!r} has {len(fields)} fields, not 4")
-        job_id, state, node, reason = (field.strip() for field in fields)
+    for job_id, state, node, reason in squeue_rows(text, 4):
         if not _JOB_ID.match(job_id) or not state:
-            raise ValueError(f"{line!r} is not a job id and a state")
+            raise ValueError(f"{'|'.join((job_id, state, node, reason))!r} is not a job id and a state")
         found[job_id] = JobState(
             job_id, state, node or None, None if reason in ("", "None", "(null)") else reason
         )
