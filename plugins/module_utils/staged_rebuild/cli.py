@@ -394,6 +394,7 @@ def cmd_job_start(args, now):
         _progress(args),
         env,
         node=slurmjob.this_node(env),
+        job_id=env.get("SLURM_JOB_ID"),
         check_node=submission.node_check(targets.site_file(args.targets_file, {}), state_root, env),
     )
 

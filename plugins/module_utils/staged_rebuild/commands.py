@@ -121,11 +121,13 @@ def record_job(journal, job_id) -> None:
     rebuild.record_job(journal, job_id)
 
 
-def start_job(state_root, run_id, progress, env, *, node, check_node=None) -> dict:
-    """What a batch job runs: its queued run started on ``node``, built, planned, and
-    published or left ``staged`` (``rebuild.start_queued``)."""
+def start_job(state_root, run_id, progress, env, *, node, job_id=None, check_node=None) -> dict:
+    """What a batch job runs: its queued run started on ``node`` by job ``job_id``, built,
+    planned, and published or left ``staged`` (``rebuild.start_queued``)."""
     state_root = existing_state_root(state_root)
-    return rebuild.start_queued(state_root, run_id, progress, env, node=node, check_node=check_node)
+    return rebuild.start_queued(
+        state_root, run_id, progress, env, node=node, job_id=job_id, check_node=check_node
+    )
 
 
 def publish_runs(runs, lock_timeout, progress) -> dict:

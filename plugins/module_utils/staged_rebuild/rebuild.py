@@ -298,14 +298,17 @@ def start_queued(
     env: Mapping[str, str],
     *,
     node: str,
+    job_id: Optional[str] = None,
     check_node: Optional[Callable[[Journal], None]] = None,
     faults: Optional[Faults] = None,
 ) -> Dict[str, Any]:
-    """The job's part of a queued run, under the state lock: record ``node`` and the start,
-    ``check_node(journal)`` (it raises, a PublishError, to refuse the node), the checks
-    ``rebuild`` makes before building, then build, plan, and publish, or stop ``staged``
-    when the request publishes together. A refusal ends the run ``failed`` with its reason
-    before anything is built (no generation directory is made)."""
+    """The job's part of a queued run, under the state lock: record ``node`` and the start (and
+    ``job_id``, the job's own, when its submission had not recorded it yet: Slurm may
+    start a job before sbatch has answered), ``check_node(journal)`` (it raises, a
+    PublishError, to refuse the node), the checks ``rebuild`` makes before building, then
+    build, plan, and publish, or stop ``staged`` when the request publishes together. A
+    refusal ends the run ``failed`` with its reason before anything is built (no
+    generation directory is made)."""
     paths.check_run_id(run_id)
     if not paths.is_plain_name(node):
         raise errors.UsageError(f"node name {node!r} is not a plain name")
@@ -323,6 +326,8 @@ def start_queued(
             journal.faults = faults
         journal.run.job.node = node
         journal.run.job.started = journals.now()
+        if journal.run.job.job_id is None and job_id is not None and journals.JOB_ID.match(job_id):
+            journal.run.job.job_id = job_id
         journal.save()
         request = journal.request
         try:

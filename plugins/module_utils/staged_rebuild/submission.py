@@ -284,9 +284,6 @@ def submit(
     planned: Sequence[PlannedJob],
     queued: Sequence[Queued],
     env: Mapping[str, str],
-    *,
-    record_job: Callable[[Queued, str], None],
-    end_failed: Callable[[Queued, str], None],
 ) -> Dict[str, Any]:
     """Submit ``planned`` (``plan_jobs``' order: ``queued`` first, then the publish job) and
     record each target's job id in its journal; on sbatch's refusal cancel what went in and
@@ -310,7 +307,7 @@ def submit(
     except slurmjob.SubmitError as err:
         _cancel([entry.job_id for entry in queued if entry.job_id], env)
         for entry in queued:
-            end_failed(entry, str(err))
+            end_queued(entry, str(err))
         raise
     run_ids = {entry.journal.run_id for entry in queued}
     return {
@@ -343,10 +340,9 @@ def node_check(site_path: Optional[str], state_root: str, env: Mapping[str, str]
     """What ``job-start`` checks before it builds a run (``rebuild.start_queued``'s
     ``check_node``): for a run of a target, that archdetect on this node names the target's
     CPU (``targets.check_cpu``), with the site file the job was given; a run without a
-    target is not checked. The job's id is adopted first (``adopt_job_id``)."""
+    target is not checked."""
 
     def check(journal: Any) -> None:
-        adopt_job_id(journal, env)
         job = journal.run.job
         name = None if job is None else job.target
         if name is None:
@@ -433,7 +429,7 @@ def submit_rebuild(
         for entry in queued:
             end_queued(entry, f"not submitted: {err}")
         raise
-    return submit(sbatch, planned, queued, env, record_job=record_job, end_failed=end_queued)
+    return submit(sbatch, planned, queued, env)
 
 
 @contextlib.contextmanager
@@ -453,7 +449,7 @@ def record_job(entry: Queued, job_id: str) -> None:
     """The job id into the queued run's journal, read again under its lock: the job may
     have started already (Slurm starts one within a second on an idle cluster), and a copy
     read before would undo what the job wrote. A job that started first records its own id
-    (``adopt_job_id``)."""
+    (``rebuild.start_queued``)."""
     with _still_queued(entry) as journal:
         if journal is not None and journal.run.job is not None and journal.run.job.job_id is None:
             rebuild.record_job(journal, job_id)
@@ -467,15 +463,6 @@ def end_queued(entry: Queued, message: str) -> None:
             rebuild.end_failed(
                 journal, journal.trees.generation(journal.run_id), slurmjob.SubmitError(message)
             )
-
-
-def adopt_job_id(journal: Any, env: Mapping[str, str]) -> None:
-    """A job that started before its submission recorded its id takes it from Slurm
-    (``SLURM_JOB_ID``); saved with the run's next state."""
-    job = journal.run.job
-    given = env.get("SLURM_JOB_ID", "")
-    if job is not None and job.job_id is None and journals.JOB_ID.match(given):
-        job.job_id = given
 
 
 # A run in one of these states has a job that matters now: waiting, or building.
