@@ -132,8 +132,13 @@ if ! [ -f "$venv/.bootstrap-stamp" ] || [ "$(cat "$venv/.bootstrap-stamp")" != "
   say "creating .venv from requirements/dev.txt (ansible-core, ansible-lint, molecule, EasyBuild, pytest)"
   rm -rf "$venv"
   "$python" -m venv "$venv" >"$log" 2>&1 || { cat "$log" >&2; die "python -m venv failed"; }
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$lock" >"$log" 2>&1 ||
+  # pip byte-compiles each package after installing it, on one core; compileall then does all
+  # of them on every core (-j0): the same .pyc files, a quarter of the time less. Its status is
+  # not checked, as pip's compiling is not: a file no interpreter compiles (a template, a
+  # test's data) is imported by no one.
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-compile -r "$lock" >"$log" 2>&1 ||
     { cat "$log" >&2; die "pip install -r requirements/dev.txt failed"; }
+  "$venv/bin/python" -m compileall -q -j0 "$venv/lib" >"$log" 2>&1 || true
   printf '%s\n' "$stamp_want" >"$venv/.bootstrap-stamp"
   say ".venv ready ($("$venv/bin/python" -V))"
 fi
