@@ -41,6 +41,18 @@ def _dashed(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def message(err: BaseException, name_of=_dashed) -> str:
+    """``err`` in the words a user is shown: the core's own message, each setting it names spelt
+    by ``name_of`` (``--name-with-dashes`` by default); the system's words for an OSError, with
+    the path it names; the class name and message of anything else (a bug, or an interrupt)."""
+    if isinstance(err, HpcstackError):
+        return err.render(name_of)
+    if isinstance(err, OSError):
+        where = f" ({err.filename})" if err.filename else ""
+        return f"{err.strerror or err}{where}"
+    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+
+
 class HpcstackError(Exception):
     """Root of the expected errors; ``str(err)`` is the one-line message.
 

@@ -476,7 +476,7 @@ def main(argv=None, now=None):
     except errors.HpcstackError as err:
         if args.debug:
             raise
-        message = settings.cli_message(err)
+        message = commands.failure_message(err)
         sys.stderr.write(f"{PROG}: {printable(message)}\n")
         if args.json and err.details:
             # A build that ran and failed: what EasyBuild said, as fields (the modules' too).

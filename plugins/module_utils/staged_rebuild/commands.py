@@ -61,10 +61,7 @@ def failure_message(err, name_of=settings.flag) -> str:
 
     ``name_of`` spells the settings an error names (the command line's flags by default).
     """
-    if isinstance(err, errors.HpcstackError):
-        return err.render(name_of)
-    where = f" ({err.filename})" if getattr(err, "filename", None) else ""
-    return f"{err.strerror or err}{where}"
+    return errors.message(err, name_of)
 
 
 def failure_details(err) -> dict:

@@ -58,7 +58,7 @@ from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional
 
 from ..common import errors
 from ..common.errors import setting
-from . import fsutil, paths, records
+from . import fsutil, paths, records, settings
 from .backends import BACKENDS
 from .faults import Faults
 from .records import AbsPath, Sha256, Timestamp
@@ -348,15 +348,9 @@ JOB_ID = re.compile(r"^[0-9]{1,20}\Z")
 
 def failure_reason(err: BaseException) -> str:
     """The one line a run that ended ``failed`` because of ``err`` records as its ``error``:
-    the message the user is shown (a setting spelt as its flag), the system's words for an
-    OSError, the class name of anything else."""
-    if isinstance(err, errors.HpcstackError):
-        text = str(err)
-    elif isinstance(err, OSError) and err.strerror:
-        text = err.strerror + (f" ({err.filename})" if err.filename else "")
-    else:
-        text = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
-    return " ".join(text.split())
+    the message the command line showed (``errors.message``, a setting spelt as its flag), its
+    whitespace folded, so that a report gives each run one line."""
+    return " ".join(errors.message(err, settings.flag).split())
 
 
 @dataclasses.dataclass

@@ -52,10 +52,6 @@ def flag(name: str) -> str:
     return _FLAGS.get(name, "--" + name.replace("_", "-"))
 
 
-def cli_message(err: errors.HpcstackError) -> str:
-    return err.render(flag)
-
-
 def option(default: Any = None, **setting: Any) -> Any:
     """A request field that is also an option of the command line and the module."""
     # Called in a dataclass body, where field() belongs; pylint sees only this function.

@@ -80,7 +80,7 @@ def _refusal(site, requested=REQUESTED):
     with pytest.raises(errors.PublishError) as caught:
         site.check(requested)
     # As the command line prints it: a setting the message names is spelt as its flag.
-    message = settings.cli_message(caught.value)
+    message = caught.value.render(settings.flag)
     assert "\n" not in message
     return message
 

@@ -36,7 +36,7 @@ def _plan(root, target="libtoy/0.0", install_subdir=None, exclude=(), given="/gi
 def _refusal(root, **kwargs):
     with pytest.raises(errors.UsageError) as raised:
         _plan(root, **kwargs)
-    message = settings.cli_message(raised.value)
+    message = raised.value.render(settings.flag)
     assert "\n" not in message
     return message
 

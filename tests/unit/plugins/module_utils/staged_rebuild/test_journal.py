@@ -1975,6 +1975,11 @@ def test_a_journal_named_by_a_relative_path_is_checked_against_its_absolute_stat
             errors.PublishError(f"{setting('prepare')} exited 1;\nnothing was swapped"),
             "--prepare exited 1; nothing was swapped",
         ),
+        # Spelt as the command line showed it: the flag is --module, not --modules.
+        (
+            errors.UsageError(f"{setting('modules')} names TinyApp/1.0 twice"),
+            "--module names TinyApp/1.0 twice",
+        ),
         (
             OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/apps/software/x"),
             "No space left on device (/apps/software/x)",
@@ -1985,6 +1990,7 @@ def test_a_journal_named_by_a_relative_path_is_checked_against_its_absolute_stat
     ],
     ids=[
         "tool-error-with-a-setting",
+        "tool-error-with-a-flag-of-another-spelling",
         "os-error-with-a-path",
         "os-error",
         "bare-exception",

@@ -142,7 +142,7 @@ def test_a_failure_names_the_modules_options_where_the_command_line_names_its_fl
     err = errors.UsageError(message)
 
     assert _failure(err) == {"msg": for_a_module, "error": "usage"}
-    assert settings.cli_message(err) == on_the_command_line
+    assert err.render(settings.flag) == on_the_command_line
 
 
 @pytest.mark.parametrize(

@@ -48,7 +48,7 @@ def _resolve(site, environ=None, eb_args=("TinyApp-1.0.eb",), **changes):
 def _refusal(site, environ=None, **changes):
     with pytest.raises(errors.UsageError) as raised:
         _resolve(site, environ, **changes)
-    message = settings.cli_message(raised.value)
+    message = raised.value.render(settings.flag)
     assert "\n" not in message
     return message
 
@@ -74,7 +74,7 @@ def test_one_tree_option_without_the_other_is_refused(given):
         request_module.live_trees({given: "/x"}, {})
 
     assert (
-        settings.cli_message(raised.value) == "--installpath-software and --installpath-modules go together"
+        raised.value.render(settings.flag) == "--installpath-software and --installpath-modules go together"
     )
 
 
@@ -107,7 +107,7 @@ def test_no_install_path_for_a_tree_is_refused_naming_the_tree(environ, tree):
     with pytest.raises(errors.UsageError) as raised:
         request_module.live_trees({}, environ)
 
-    assert settings.cli_message(raised.value) == (
+    assert raised.value.render(settings.flag) == (
         f"no install path for {tree}: give --installpath DIR (or set EASYBUILD_INSTALLPATH)"
     )
 
@@ -358,7 +358,7 @@ def test_a_lua_live_module_with_an_explicit_tcl_syntax_is_refused(site):
 def _refusal_with_args(site, eb_args):
     with pytest.raises(errors.UsageError) as raised:
         _resolve(site, eb_args=eb_args)
-    message = settings.cli_message(raised.value)
+    message = raised.value.render(settings.flag)
     assert "\n" not in message
     return message
 

@@ -46,7 +46,7 @@ def _resolve(site, environ=None, eb_args=("--robot", "/given/libtoy-0.0.eb", "--
 def _refusal(site, environ=None, **changes):
     with pytest.raises(errors.UsageError) as raised:
         _resolve(site, environ, **changes)
-    message = settings.cli_message(raised.value)
+    message = raised.value.render(settings.flag)
     assert "\n" not in message
     return message
 
@@ -126,7 +126,7 @@ def test_auto_that_picks_installpath_is_refused_for_a_chain():
     for backend in backends.SANDBOXED:
         rebuild.refuse_unsandboxed_chain(chain_request, backend)
 
-    assert settings.cli_message(raised.value) == (
+    assert raised.value.render(settings.flag) == (
         "--with-dependants needs the bwrap or userns backend: each dependant is built against the new "
         "builds at their live paths, which only a sandbox shows, and neither works here (--backend auto "
         "picked installpath; eb-staged-rebuild probe --path DIR tells why)"

@@ -2,7 +2,7 @@
 variable, else the default, checks it once, and names the setting in its refusal; the
 rebuild request's options become the command line's flags and the module's argument spec.
 
-A refusal is shown as the command line spells it (``str()``, ``settings.cli_message``); how
+A refusal is shown as the command line spells it (``err.render(settings.flag)``); how
 a module spells it is in test_module_support.
 """
 
@@ -23,7 +23,7 @@ from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild.reques
 def _refusal(resolve):
     with pytest.raises(errors.UsageError) as raised:
         resolve()
-    message = settings.cli_message(raised.value)
+    message = raised.value.render(settings.flag)
     assert "\n" not in message
     return message
 
@@ -169,7 +169,7 @@ def test_eb_given_as_a_relative_path_is_made_absolute(tmp_path, monkeypatch):
 )
 def test_the_command_line_spells_a_setting_as_its_flag(name, flag):
     assert settings.flag(name) == flag
-    assert settings.cli_message(errors.UsageError(f"see {setting(name)}")) == f"see {flag}"
+    assert errors.UsageError(f"see {setting(name)}").render(settings.flag) == f"see {flag}"
 
 
 # the rebuild request's options
