@@ -22,18 +22,22 @@ tests never wait: that gate, and other-cpu's few tests, keep one worker per core
 
 The two static gates that take half a minute of one core (ansible-sanity, on the built
 collection alone: see tools/ansible-sanity.sh; ansible-lint) run in the background while
-pytest runs, when both are selected, in what idle time pytest's workers still leave (a fourth
-worker instead: pytest's own run 14 s shorter, for 29 more CPU seconds of contention).
+pytest runs, when both are selected, in what idle time pytest's workers still leave. (A fourth
+worker would leave them none: measured alone, it shortened pytest's run by 14 s, to 532 s, and
+its tests' contention cost 29 more CPU seconds.)
 Their output is kept and printed, in gate order, once pytest's has been.
 
 cluster runs the tests of the namespace cluster (marked ``cluster``) last, in a pytest of its
 own, once pytest has ended. They wait on SSH, Slurm and the shared filesystems' daemons for
 a sixth of the time of both cores (measured: 360 CPU seconds in 217 s), but beside pytest,
 which keeps both cores busy, they only stretch its run and theirs (measured: the whole suite
-54 s slower). other-cpu (some 25 CPU seconds) runs beside them, in that idle time: its tests
-use the single-node Slurm and rollout fixtures of pytest's suite, which run one at a time and
-so wait for pytest's end, and nothing of the namespace cluster, whose nodes have their own
-network, mount and PID namespaces. Their two workers take
+54 s slower). other-cpu (some 25 CPU seconds) runs beside them, in that idle time (measured: the
+two gates together 227 s, one after the other 208 s and 24 s): its tests use the single-node
+Slurm and rollout fixtures of pytest's suite, which run one at a time and so wait for pytest's
+end, and nothing of the namespace cluster, whose nodes have their own network, mount and PID
+namespaces. A third worker for the cluster's tests, with a third group, did not help (235 s
+against 228 s): their waits leave less idle time than the CPU a third cluster costs. Their
+two workers take
 one group of test files each (``--dist loadgroup``; the groups are in
 tests/integration/harness/cluster.py, chosen so that both take about as long) and each makes
 a cluster of its own, which its group's tests share: the guard's, the harness's and the
