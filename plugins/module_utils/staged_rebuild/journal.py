@@ -51,7 +51,6 @@ import enum
 import errno
 import json
 import os
-import re
 import signal
 import stat
 from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Tuple
@@ -63,6 +62,7 @@ from .backends import BACKENDS
 from .faults import Faults
 from .records import AbsPath, Sha256, Timestamp
 from .request import RebuildRequest
+from .slurmjob import JOB_ID
 
 SCHEMA_SWAP = 2
 SCHEMA_SWAP_LEDGER = 4
@@ -340,10 +340,6 @@ class JobRecord:
             value = getattr(self, field)
             if value is not None and not paths.is_plain_name(value):
                 raise records.RecordError(f"{where}.{field} {value!r} is not a plain name")
-
-
-# Slurm's job ids are decimal integers; a bound keeps a hand-edited one from being prose.
-JOB_ID = re.compile(r"^[0-9]{1,20}\Z")
 
 
 def failure_reason(err: BaseException) -> str:

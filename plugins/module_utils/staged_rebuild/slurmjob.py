@@ -60,7 +60,8 @@ ALIVE = frozenset(
 )
 # sbatch --parsable prints "<job id>" or "<job id>;<cluster>".
 _PARSABLE = re.compile(r"^([0-9]+)(;[A-Za-z0-9_.-]+)?\Z")
-_JOB_ID = re.compile(r"^[0-9]+\Z")
+# Slurm's job ids are decimal integers; a bound keeps a hand-edited journal's from being prose.
+JOB_ID = re.compile(r"^[0-9]{1,20}\Z")
 # One field of ``scontrol show job -o``: a value runs to the next blank.
 _SCONTROL_FIELD = r"(?:^|\s){}=(\S*)"
 
@@ -186,7 +187,7 @@ def parse_squeue(text: str) -> Dict[str, JobState]:
     that is not one."""
     found = {}
     for job_id, state, node, reason in squeue_rows(text, 4):
-        if not _JOB_ID.match(job_id) or not state:
+        if not JOB_ID.match(job_id) or not state:
             raise ValueError(f"{'|'.join((job_id, state, node, reason))!r} is not a job id and a state")
         found[job_id] = JobState(
             job_id, state, node or None, None if reason in ("", "None", "(null)") else reason
@@ -219,7 +220,7 @@ def _field(line: str, name: str) -> Optional[str]:
 
 def job_states(job_ids: Sequence[str], environ: Mapping[str, str]) -> Dict[str, JobState]:
     """Every job of ``job_ids`` as Slurm reports it now (``unknown`` with why where it does not)."""
-    wanted = [job_id for job_id in dict.fromkeys(job_ids) if _JOB_ID.match(job_id)]
+    wanted = [job_id for job_id in dict.fromkeys(job_ids) if JOB_ID.match(job_id)]
     if not wanted:
         return {}
     path = environ.get("PATH", os.defpath)

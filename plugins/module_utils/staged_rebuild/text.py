@@ -94,6 +94,13 @@ class Context:
         """The tool's command line with ``words``, each as a shell reads it back."""
         return [shell_word(word) for word in (*self.command, *words)]
 
+    def at(self, state_root: str) -> Context:
+        """This context for the runs of ``state_root``: their journals, and suggested
+        commands that name it."""
+        return dataclasses.replace(
+            self, state_root=state_root, command=(self.command[0], "--state-root", state_root)
+        )
+
 
 # Times
 
@@ -294,11 +301,7 @@ def _targets_status(result: Mapping[str, Any], context: Context) -> str:
     """``status --target``: each target's runs under its name and state root."""
     blocks = []
     for entry in result["targets"]:
-        shown = dataclasses.replace(
-            context,
-            state_root=entry["state_root"],
-            command=(context.command[0], "--state-root", entry["state_root"]),
-        )
+        shown = context.at(entry["state_root"])
         title = f"Target {printable(entry['target'])} ({printable(entry['state_root'])})"
         blocks.append(f"{context.style.bold(title)}\n{status(entry, shown)}")
     return "\n".join(blocks)
@@ -785,8 +788,7 @@ def published_staged(result: Mapping[str, Any], context: Context) -> str:
     lines: List[str] = []
     for ref in result["published"]:
         lines += wrap(f"Published run {printable(ref['run_id'])} in {printable(ref['state_root'])}.")
-        undo = (context.command[0], "--state-root", ref["state_root"], "rollback", ref["run_id"])
-        lines += command("Undo", [shell_word(word) for word in undo])
+        lines += command("Undo", context.at(ref["state_root"]).suggest("rollback", ref["run_id"]))
     return _done(lines)
 
 

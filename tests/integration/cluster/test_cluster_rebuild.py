@@ -342,22 +342,26 @@ class SleepJob:
             time.sleep(0.1)
 
     def state(self) -> str:
-        return self.login.run(["squeue", "-h", "-j", self.job_id, "-o", "%T"], check=False).stdout.strip()
+        return _job_state(self.login, self.job_id)
 
     def cancel(self) -> None:
         self.login.run(["scancel", self.job_id], check=False)
-        deadline = time.monotonic() + JOB_TIMEOUT
-        while self.state() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _gone(self.login, self.job_id)
 
 
-def _wait_gone(cluster, job_id: str) -> None:
-    """Until Slurm no longer lists job ``job_id`` (ended, not completing)."""
-    login = cluster.node("login")
+def _job_state(login, job_id: str) -> str:
+    """Slurm's state of job ``job_id``, "" once it no longer lists it."""
+    return login.run(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False).stdout.strip()
+
+
+def _gone(login, job_id: str) -> bool:
+    """Whether Slurm stopped listing job ``job_id`` (ended, not completing) within JOB_TIMEOUT."""
     deadline = time.monotonic() + JOB_TIMEOUT
-    while login.run(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False).stdout.strip():
-        assert time.monotonic() < deadline, f"job {job_id} still listed"
+    while _job_state(login, job_id):
+        if time.monotonic() > deadline:
+            return False
         time.sleep(0.1)
+    return True
 
 
 def test_fleet_gc_keeps_a_tree_a_process_or_an_earlier_job_holds_and_removes_it_once_neither_is_left(
@@ -396,7 +400,7 @@ def test_fleet_gc_keeps_a_tree_a_process_or_an_earlier_job_holds_and_removes_it_
             held_play = _fleet_gc(live, inventory)
         finally:
             job.stop()
-        _wait_gone(cluster, job.job_id)
+        assert _gone(cluster.node("login"), job.job_id), f"job {job.job_id} still listed"
 
         assert held_play.failed == 0, held_play.output
         lines = _report_lines(held_play)

@@ -354,15 +354,20 @@ class EbSite(LiveLayout):
                 continue  # gone already, or a kernel thread
         return found
 
+    def wait_until_gone(self, timeout: float) -> list[int]:
+        """Wait until no process of this site runs any more; those still running at the end."""
+        deadline = time.monotonic() + timeout
+        while self.leftovers() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return self.leftovers()
+
     def stop_leftovers(self, wait=10.0) -> list[int]:
         """SIGKILL every process of this site still running; return the pids it found."""
         pids = self.leftovers()
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + wait
-        while self.leftovers() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        self.wait_until_gone(wait)
         return pids
 
 

@@ -15,7 +15,6 @@ import errno
 import json
 import os
 import signal
-import time
 
 import pytest
 
@@ -135,14 +134,6 @@ def _command_line(pid) -> str:
         return f"{pid} (gone)"
 
 
-def _wait_until_gone(site, timeout=SIGNAL_WAIT) -> list[int]:
-    """Wait until no process of the site runs any more; return those still running at the end."""
-    deadline = time.monotonic() + timeout
-    while site.leftovers() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return site.leftovers()
-
-
 @pytest.mark.parametrize(("backend", "owner"), failure_cases(ALL_BACKENDS))
 def test_sigterm_during_the_build_kills_easybuild_and_swaps_nothing(eb_site_factory, backend, owner):
     site = _live_site(eb_site_factory, owner)
@@ -161,7 +152,7 @@ def test_sigterm_during_the_build_kills_easybuild_and_swaps_nothing(eb_site_fact
     assert lines[0].startswith("eb-staged-rebuild: "), err
     assert "Traceback" not in err
     # The build's whole process group went with the tool: nothing writes on.
-    assert _wait_until_gone(site) == []
+    assert site.wait_until_gone(SIGNAL_WAIT) == []
     assert site.snapshot() == before
     assert _greeting(site) == tinypkgs.GREETING
 
@@ -176,7 +167,7 @@ def test_sigkill_of_the_tool_leaves_no_build_running(eb_site_factory, backend):
     proc.kill()
     proc.communicate(timeout=SIGNAL_WAIT)
 
-    running = _wait_until_gone(site, timeout=30)
+    running = site.wait_until_gone(30)
     commands = [_command_line(pid) for pid in running]
     assert commands == []
 

@@ -21,7 +21,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -178,14 +177,6 @@ def test_a_run_that_is_not_queued_is_not_started_again(live_site):
 # --- the job's process stopped as Slurm stops it ----------------------------------------
 
 
-def _wait_until_gone(site) -> list:
-    """Wait until no process of the site runs any more; those still running at the end."""
-    deadline = time.monotonic() + SIGNAL_WAIT
-    while site.leftovers() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return site.leftovers()
-
-
 def _start_job_halfway(site) -> tuple[subprocess.Popen, Path]:
     """A queued run whose job (a real process running ``start_queued``) is stopped by a hook
     after EasyBuild's install step; returns the process and the marker the hook wrote."""
@@ -221,7 +212,7 @@ def test_sigterm_of_the_job_during_the_build_ends_the_run_failed_and_cancelled(l
     assert (run.state, run.cancelled) == (journals.RunState.FAILED, True)
     assert run.error == "terminated by signal 15; completed steps were reversed"
     assert err.splitlines()[-1] == run.error
-    assert _wait_until_gone(site) == []  # the build's process group went with the job
+    assert site.wait_until_gone(SIGNAL_WAIT) == []  # the build's process group went with the job
     assert not site.generation(RUN_ID).exists()
     assert site.snapshot() == before
     assert _greeting(site) == tinypkgs.GREETING
