@@ -5,8 +5,8 @@
     .venv/bin/python tools/gates.py pytest -- -k smoke  # arguments after -- go to pytest
     .venv/bin/python tools/gates.py --check            # make check: the fast gates and unit
 
-Every gate but ``unit`` runs by default; ``unit`` (the unit tests alone, which ``pytest``
-runs too) is the inner loop's, with the fast gates: ``--check`` selects them (``CHECK``).
+``unit`` runs the unit tests, ``pytest`` the integration tests but the cluster's; ``--check``
+selects the fast gates and ``unit`` (``CHECK``), the inner loop.
 
 Every gate runs even when an earlier one failed, so one run shows every problem; the exit
 status is 1 when any gate failed. The summary ends with pytest's ten slowest tests, the ten
@@ -78,11 +78,9 @@ CLUSTER_PYTEST = [PYTHON, "-m", "pytest", "-p", "xdist", "-n", "2", "--dist", "l
 SLOWEST = 10
 # `make check`: the gates that take seconds, and the unit tests (a minute of two cores).
 CHECK = ("shellcheck", "ruff-check", "ruff-format", "compile", "types", "changelog", "unit")
-# Run only when named (or by --check): what the default gates check already.
-ON_REQUEST = ("unit",)
 # The gates run beside another gate, in a thread, when both are selected (see the module's
 # docstring): the gate they run beside, and theirs.
-ALONGSIDE = {"pytest": ("ansible-sanity", "ansible-lint"), "cluster": ("other-cpu",)}
+ALONGSIDE = {"pytest": ("ansible-sanity", "ansible-lint"), "cluster": ("other-cpu", "unit")}
 # The tests that run on this machine's CPU unsimulated and choose "another target" from what
 # archdetect says of it (marked ``host_cpu``): run a second time with the CPU simulated as
 # another vendor's.
@@ -135,13 +133,23 @@ def gates(pytest_args: list[str], reports: Path) -> list[Gate]:
         Gate("ansible-lint", ["bash", "tools/ansible-lint.sh"], "ansible-lint, production profile"),
         Gate(
             "unit",
-            [*PYTEST, f"--durations={SLOWEST}", cpu("unit"), "tests/unit", *pytest_args],
+            # Beside the cluster gate (ALONGSIDE), at the lowest priority: its tests never wait,
+            # and take only the time of the cores that the cluster's waits leave idle.
+            ["nice", "-n", "19", *PYTEST, f"--durations={SLOWEST}", cpu("unit"), "tests/unit", *pytest_args],
             "the unit tests",
         ),
         Gate(
             "pytest",
-            [*SUITE_PYTEST, "-m", "not cluster", f"--durations={SLOWEST}", cpu("pytest"), *pytest_args],
-            "unit and integration tests",
+            [
+                *SUITE_PYTEST,
+                "-m",
+                "not cluster",
+                "--ignore=tests/unit",
+                f"--durations={SLOWEST}",
+                cpu("pytest"),
+                *pytest_args,
+            ],
+            "integration tests",
         ),
         Gate(
             "other-cpu",
@@ -250,8 +258,6 @@ def _main(argv: list[str], reports: Path, started: float) -> int:
         return 2
     if argv:
         selected = [gate for gate in selected if gate.name in argv]
-    else:
-        selected = [gate for gate in selected if gate.name not in ON_REQUEST]
 
     names = {gate.name for gate in selected}
     backgrounds = {}
