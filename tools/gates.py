@@ -102,6 +102,15 @@ class Gate:
     name: str
     argv: list[str]
     what: str
+    # Beside another gate (ALONGSIDE), run on the time its tests leave the cores idle
+    # (tools/idle.py), so that they lengthen its run by nothing.
+    idle: bool = False
+
+    def beside(self) -> Gate:
+        """The gate as it runs beside another."""
+        if not self.idle:
+            return self
+        return Gate(self.name, [PYTHON, str(REPO / "tools" / "idle.py"), "--", *self.argv], self.what)
 
 
 def _shell_scripts() -> list[str]:
@@ -132,19 +141,14 @@ def gates(pytest_args: list[str], reports: Path) -> list[Gate]:
         Gate("ansible-sanity", ["bash", "tools/ansible-sanity.sh"], "ansible-test sanity"),
         Gate("ansible-lint", ["bash", "tools/ansible-lint.sh"], "ansible-lint, production profile"),
         Gate(
-            "unit",
-            # Beside the cluster gate (ALONGSIDE), at the lowest priority: its tests never wait,
-            # and take only the time of the cores that the cluster's waits leave idle.
-            ["nice", "-n", "19", *PYTEST, f"--durations={SLOWEST}", cpu("unit"), "tests/unit", *pytest_args],
-            "the unit tests",
-        ),
-        Gate(
             "pytest",
             [
                 *SUITE_PYTEST,
                 "-m",
                 "not cluster",
-                "--ignore=tests/unit",
+                # Only where no test file is named: pytest's own testpaths, less tests/unit.
+                "-o",
+                "testpaths=tests/integration",
                 f"--durations={SLOWEST}",
                 cpu("pytest"),
                 *pytest_args,
@@ -155,6 +159,13 @@ def gates(pytest_args: list[str], reports: Path) -> list[Gate]:
             "other-cpu",
             [PYTHON, "testbed/simulate_cpu.py", "--", *PYTEST, cpu("other-cpu"), *_marked(HOST_CPU)],
             "the host-dependent tests again, this machine's CPU simulated as another vendor's",
+        ),
+        Gate(
+            "unit",
+            [*PYTEST, f"--durations={SLOWEST}", cpu("unit"), "tests/unit", *pytest_args],
+            "the unit tests",
+            # Beside the cluster gate: its tests never wait, and there is idle time to fill.
+            idle=True,
         ),
         Gate(
             "cluster",
@@ -198,7 +209,7 @@ class _Background:
     """Gates run one after another in a thread, their output kept until it is asked for."""
 
     def __init__(self, selected: list[Gate]) -> None:
-        self.gates = selected
+        self.gates = [gate.beside() for gate in selected]
         self.outputs = {gate.name: io.StringIO() for gate in selected}
         self.results: dict[str, tuple[int, str, float, list[str]]] = {}
         self.thread = threading.Thread(target=self._run_all, daemon=True)
