@@ -29,16 +29,20 @@ Their output is kept and printed, in gate order, once pytest's has been.
 
 cluster runs the tests of the namespace cluster (marked ``cluster``) last, in a pytest of its
 own, once pytest has ended. They wait on SSH, Slurm and the shared filesystems' daemons for
-a sixth of the time of both cores (measured: 360 CPU seconds in 217 s), but beside pytest,
-which keeps both cores busy, they only stretch its run and theirs (measured: the whole suite
-54 s slower). other-cpu (some 25 CPU seconds) runs beside them, in that idle time (measured: the
-two gates together 227 s, one after the other 208 s and 24 s): its tests use the single-node
-Slurm and rollout fixtures of pytest's suite, which run one at a time and so wait for pytest's
-end, and nothing of the namespace cluster, whose nodes have their own network, mount and PID
-namespaces. A third worker for the cluster's tests, with a third group, did not help (235 s
-against 228 s): their waits leave less idle time than the CPU a third cluster costs. Their
-two workers take
-one group of test files each (``--dist loadgroup``; the groups are in
+about a quarter of the time of both cores (measured: 360 CPU seconds in 231 s, 150 CPU
+seconds of the cores idle), but beside pytest, which keeps both cores busy, they only stretch
+its run and theirs (measured: the whole suite 54 s slower). Two gates run beside them, one
+after the other, in that idle time: other-cpu (some 25 CPU seconds), whose tests use the
+single-node Slurm and rollout fixtures of pytest's suite, which run one at a time and so wait
+for pytest's end; then unit (some 90 CPU seconds), whose tests never wait, on idle time alone
+(tools/idle.py): before, pytest ran them, and its run took 60 s longer for them. Neither uses
+anything of the namespace cluster, whose nodes have their own network, mount and PID
+namespaces. Measured on one machine, at 99% of both cores from the end of the bootstrap to
+the end of the cluster gate: the whole run 13 min 11 s, against 14 min 15 s with the unit
+tests in pytest's run (2 cores idle a quarter of the cluster gate's 231 s).
+A third worker for the cluster's tests, with a third group, did not help (235 s against
+228 s): their waits leave less idle time than the CPU a third cluster costs. Their two
+workers take one group of test files each (``--dist loadgroup``; the groups are in
 tests/integration/harness/cluster.py, chosen so that both take about as long) and each makes
 a cluster of its own, which its group's tests share: the guard's, the harness's and the
 rebuilds as Slurm jobs on one, the shared filesystems', the rebuilds' and the fleet benchmark's
