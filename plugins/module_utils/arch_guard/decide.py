@@ -21,12 +21,17 @@ from .decision import (
     ARCHDETECT_FAILED,
     FAIL,
     FAILED_MARKER,
+    LMOD_UNAVAILABLE,
     NO_COMPAT_LAYER,
+    NO_EESSI_MODULE,
     NO_SOFTWARE_DIR,
     RELOAD,
     RELOADED_MARKER,
+    RESTORE_FAILED,
     TERMINATED,
     TIMEOUT,
+    UNSAFE_ENVIRONMENT,
+    UNSAFE_MODULE_NAME,
     Decision,
     skip,
 )
@@ -44,8 +49,6 @@ MODULE_OVERRIDES = (
     "EESSI_ACCEL_SOFTWARE_SUBDIR_OVERRIDE",
     "EESSI_VERSION_OVERRIDE",
 )
-# EESSI started by sourcing init/bash: no module to load again, only the script to source.
-NO_EESSI_MODULE = "no-eessi-module"
 _EESSI_MODULE = re.compile(r"EESSI/[^/]+\Z")
 
 
@@ -160,7 +163,7 @@ def _no_lmod(env, lmod: family.NodeLmod, node: str, *, was: Node, now: Node):
         where = env.get("LMOD_CMD") or "unset"
         return _failed(
             was,
-            "lmod-unavailable",
+            LMOD_UNAVAILABLE,
             f"LMOD_CMD ({where}) is not an executable file",
             "Lmod is not available",
             now,
@@ -187,7 +190,7 @@ def _cannot_reload(env, modules, *, was: Node, now: Node):
     if unsafe:
         return _failed(
             was,
-            "unsafe-module-name",
+            UNSAFE_MODULE_NAME,
             f"unsafe module name {unsafe[0]!r}",
             "a loaded module cannot be reloaded safely",
             now,
@@ -226,7 +229,7 @@ def _reload(
             now,
         )
     except restore.RestoreFailed as err:
-        return _failed(was, "restore-failed", str(err), f"reloading EESSI for {now.label(was)} failed", now)
+        return _failed(was, RESTORE_FAILED, str(err), f"reloading EESSI for {now.label(was)} failed", now)
     return from_report(env, mode, report, was=was, now=now, restarted=start)
 
 
@@ -236,7 +239,7 @@ def from_report(env, mode, report: restore.Report, *, was: Node, now: Node, rest
     if reloaded != now.cpu:
         return _failed(
             was,
-            "restore-failed",
+            RESTORE_FAILED,
             f"after the reload EESSI_SOFTWARE_SUBDIR is {reloaded!r}, not {now.cpu!r}",
             f"reloading EESSI for {now.label(was)} failed",
             now,
@@ -249,7 +252,7 @@ def from_report(env, mode, report: restore.Report, *, was: Node, now: Node, rest
     carried, unsafe = emit.carry(changes, mode)
     if carried is None:
         return _failed(
-            was, "unsafe-environment", unsafe, "the reloaded environment cannot be passed to the task", now
+            was, UNSAFE_ENVIRONMENT, unsafe, "the reloaded environment cannot be passed to the task", now
         )
     return Decision(
         RELOAD,

@@ -28,6 +28,26 @@ NO_SOFTWARE_DIR = "no-software-dir"
 # The job's Lmod is in the compatibility layer of another CPU family, and EESSI has no layer
 # (no Lmod) for this node's: nothing can reload the job's modules here.
 NO_COMPAT_LAYER = "no-compat-layer"
+# The tokens of a decision that found a target and could not reload the job's EESSI for it.
+UNSAFE_MODULE_NAME = "unsafe-module-name"
+UNSAFE_ENVIRONMENT = "unsafe-environment"
+LMOD_UNAVAILABLE = "lmod-unavailable"
+RESTORE_FAILED = "restore-failed"
+# EESSI started by sourcing init/bash: no module to load again, only the script to source.
+NO_EESSI_MODULE = "no-eessi-module"
+# Every token a failure marker can carry, in the order docs/arch-guard.md lists them.
+FAILURE_TOKENS = (
+    NO_SOFTWARE_DIR,
+    ARCHDETECT_FAILED,
+    UNSAFE_MODULE_NAME,
+    UNSAFE_ENVIRONMENT,
+    LMOD_UNAVAILABLE,
+    RESTORE_FAILED,
+    TIMEOUT,
+    TERMINATED,
+    NO_EESSI_MODULE,
+    NO_COMPAT_LAYER,
+)
 
 
 class Decision:
