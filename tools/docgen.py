@@ -16,6 +16,8 @@ Sections:
 
 - ``code-map`` (docs/development.md): every module of ``plugins/module_utils``, each with the
   first sentence of its docstring, which says what the file owns.
+- ``role-build_host``, ``role-arch_guard`` (docs/reference/roles.md): each role's variables,
+  from its ``meta/argument_specs.yml`` (what ``ansible-doc -t role`` shows), as a table.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import ast
 import re
 import sys
 from typing import Callable
+
+import yaml
 
 import checkout
 
@@ -54,9 +58,49 @@ def code_map() -> str:
     return "\n".join(lines)
 
 
+# Ansible's documentation markup, as Markdown: C(code), O(option), V(value), I(italic).
+_MARKUP = re.compile(r"\b([COVI])\(([^()]*)\)")
+
+
+def _markdown(text: str) -> str:
+    return _MARKUP.sub(lambda found: f"*{found[2]}*" if found[1] == "I" else f"`{found[2]}`", text)
+
+
+def _default(spec: dict) -> str:
+    if "default" not in spec:
+        return "required" if spec.get("required") else "(none)"
+    value = spec["default"]
+    if value in ("", [], {}):
+        return f"`{value!r}`" if value == "" else f"`{value}`"
+    return f"`{str(value).lower() if isinstance(value, bool) else value}`"
+
+
+def role_variables(role: str) -> str:
+    """The table of ``role``'s variables: name, type, default, description (its entry point
+    ``main``'s options, in the spec's order)."""
+    spec_file = REPO / "roles" / role / "meta" / "argument_specs.yml"
+    options = yaml.safe_load(spec_file.read_text(encoding="utf-8"))["argument_specs"]["main"]["options"]
+    # A cell's "|" is escaped: GitHub's tables would take it for a column's end.
+    lines = ["| Variable | Type | Default | What it is |", "|---|---|---|---|"]
+    for name, spec in options.items():
+        description = spec["description"]
+        text = " ".join(description) if isinstance(description, list) else description
+        kind = spec.get("type", "str")
+        if kind == "list" and "elements" in spec:
+            kind = f"list of {spec['elements']}"
+        if "choices" in spec:
+            kind += ": " + ", ".join(f"`{choice}`" for choice in spec["choices"])
+        cell = " ".join(_markdown(text).split()).replace("|", "\\|")
+        default = _default(spec).replace("|", "\\|")
+        lines.append(f"| `{name}` | {kind} | {default} | {cell} |")
+    return "\n".join(lines)
+
+
 # Each section: the page it is on, and what makes it.
 SECTIONS: dict[str, tuple[str, Callable[[], str]]] = {
     "code-map": ("docs/development.md", code_map),
+    "role-build_host": ("docs/reference/roles.md", lambda: role_variables("build_host")),
+    "role-arch_guard": ("docs/reference/roles.md", lambda: role_variables("arch_guard")),
 }
 
 

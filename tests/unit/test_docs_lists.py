@@ -174,6 +174,57 @@ def test_first_sentence_ends_at_the_first_full_stop_that_ends_a_sentence():
     assert docgen.first_sentence("no stop") == "no stop"
 
 
+def test_ansible_s_markup_becomes_markdown_and_a_role_s_table_has_a_row_per_variable():
+    assert (
+        docgen._markdown("C(venv/) under O(prefix), V(auto) I(or) C(x)")
+        == "`venv/` under `prefix`, `auto` *or* `x`"
+    )
+    for role in ("build_host", "arch_guard"):
+        spec = (checkout.REPO / "roles" / role / "meta" / "argument_specs.yml").read_text()
+        rows = docgen.role_variables(role).splitlines()[2:]
+        assert [row.split("`")[1] for row in rows] == re.findall(r"^      ([a-z_]+):$", spec, re.M)
+        assert all(row.count(" | ") == 3 for row in rows), "a description holding a column separator"
+
+
+def test_the_reference_pages_are_linked_from_the_guides():
+    assert "(reference/roles.md)" in (DOCS / "ansible.md").read_text()
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation but ``-`` and ``_`` dropped,
+    spaces as ``-``."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_slug_is_github_s_anchor_of_a_heading():
+    assert (
+        slug("Rolling it out to a fleet: the arch_guard role")
+        == "rolling-it-out-to-a-fleet-the-arch_guard-role"
+    )
+    assert slug("The run (`journal.json`)") == "the-run-journaljson"
+
+
+def test_every_relative_link_of_the_docs_reaches_a_file_and_its_heading():
+    pages = [checkout.REPO / "README.md", *sorted(DOCS.rglob("*.md"))]
+    broken = []
+    for page in pages:
+        text = page.read_text()
+        prose = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", prose):
+            if re.match(r"[a-z]+:", target):
+                continue  # a URL
+            name, _, anchor = target.partition("#")
+            linked = (page.parent / name).resolve() if name else page
+            if not linked.is_file():
+                broken.append(f"{page.name}: {target} (no such file)")
+            elif anchor:
+                headings = re.findall(r"^#+ (.*)$", linked.read_text(), re.M)
+                if anchor not in {slug(heading) for heading in headings}:
+                    broken.append(f"{page.name}: {target} (no such heading)")
+
+    assert broken == []
+
+
 def test_the_journal_page_is_linked_from_the_command_s_page():
     assert "(reference/journal.md)" in (DOCS / "staged-rebuild.md").read_text()
     assert Path(JOURNAL_PAGE).is_file()
