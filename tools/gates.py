@@ -35,11 +35,13 @@ its run and theirs (measured: the whole suite 54 s slower). Two gates run beside
 after the other, in that idle time: other-cpu (some 25 CPU seconds), whose tests use the
 single-node Slurm and rollout fixtures of pytest's suite, which run one at a time and so wait
 for pytest's end; then unit (some 90 CPU seconds), whose tests never wait, on idle time alone
-(tools/idle.py): before, pytest ran them, and its run took 60 s longer for them. Neither uses
-anything of the namespace cluster, whose nodes have their own network, mount and PID
-namespaces. Measured on one machine, at 99% of both cores from the end of the bootstrap to
-the end of the cluster gate: the whole run 13 min 11 s, against 14 min 15 s with the unit
-tests in pytest's run (2 cores idle a quarter of the cluster gate's 231 s).
+(tools/idle.py). Neither uses anything of the namespace cluster, whose nodes have their own
+network, mount and PID namespaces. Measured on one machine: with the unit tests in pytest's
+run, pytest took 559 to 589 s, the cluster gate 231 s and the whole run 14 min 15 s, the cores
+idle a quarter of the cluster gate's time; with them beside the cluster gate, pytest took
+500 s, the cluster gate 260 s (idle time on one core is not free for the other: they share a
+physical core's caches) and the whole run 13 min 11 s, both cores 99% busy from the end of
+the bootstrap to the end.
 A third worker for the cluster's tests, with a third group, did not help (235 s against
 228 s): their waits leave less idle time than the CPU a third cluster costs. Their two
 workers take one group of test files each (``--dist loadgroup``; the groups are in
@@ -107,7 +109,7 @@ class Gate:
     argv: list[str]
     what: str
     # Beside another gate (ALONGSIDE), run on the time its tests leave the cores idle
-    # (tools/idle.py), so that they lengthen its run by nothing.
+    # (tools/idle.py), so that they lengthen its run as little as the kernel allows.
     idle: bool = False
 
     def beside(self) -> Gate:
