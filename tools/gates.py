@@ -5,8 +5,8 @@
     .venv/bin/python tools/gates.py pytest -- -k smoke  # arguments after -- go to pytest
     .venv/bin/python tools/gates.py --check            # make check: the fast gates and unit
 
-``unit`` runs the unit tests, ``pytest`` the integration tests but the cluster's; ``--check``
-selects the fast gates and ``unit`` (``CHECK``), the inner loop.
+Every gate but ``unit`` runs by default; ``unit`` (the unit tests alone, which ``pytest``
+runs too) is the inner loop's, with the fast gates: ``--check`` selects them (``CHECK``).
 
 Every gate runs even when an earlier one failed, so one run shows every problem; the exit
 status is 1 when any gate failed. The summary ends with pytest's ten slowest tests, the ten
@@ -20,35 +20,30 @@ ansible-playbook, a sandbox's retries), and with one worker per core that time l
 idle (measured on two cores: 0.71 of them busy with two workers, 0.83 with three). The unit
 tests never wait: that gate, and other-cpu's few tests, keep one worker per core.
 
-The two static gates that take half a minute of one core (ansible-sanity, on the built
-collection alone: see tools/ansible-sanity.sh; ansible-lint) run in the background while
-pytest runs, when both are selected, in what idle time pytest's workers still leave. (A fourth
-worker would leave them none: measured alone, it shortened pytest's run by 14 s, to 532 s, and
-its tests' contention cost 29 more CPU seconds.)
-Their output is kept and printed, in gate order, once pytest's has been.
-
-cluster runs the tests of the namespace cluster (marked ``cluster``) last, in a pytest of its
-own, once pytest has ended. They wait on SSH, Slurm and the shared filesystems' daemons for
-about a quarter of the time of both cores (measured: 360 CPU seconds in 231 s, 150 CPU
-seconds of the cores idle), but beside pytest, which keeps both cores busy, they only stretch
-its run and theirs (measured: the whole suite 54 s slower). Two gates run beside them, one
-after the other, in that idle time: other-cpu (some 25 CPU seconds), whose tests use the
-single-node Slurm and rollout fixtures of pytest's suite, which run one at a time and so wait
-for pytest's end; then unit (some 90 CPU seconds), whose tests never wait, on idle time alone
-(tools/idle.py). Neither uses anything of the namespace cluster, whose nodes have their own
-network, mount and PID namespaces. Measured on one machine: with the unit tests in pytest's
-run, pytest took 559 to 589 s, the cluster gate 231 s and the whole run 14 min 15 s, the cores
-idle a quarter of the cluster gate's time; with them beside the cluster gate, pytest took
-500 s, the cluster gate 260 s (idle time on one core is not free for the other: they share a
-physical core's caches) and the whole run 13 min 11 s, both cores 99% busy from the end of
-the bootstrap to the end.
-A third worker for the cluster's tests, with a third group, did not help (235 s against
-228 s): their waits leave less idle time than the CPU a third cluster costs. Their two
-workers take one group of test files each (``--dist loadgroup``; the groups are in
+cluster runs the tests of the namespace cluster (marked ``cluster``) last, in a pytest of
+its own, once pytest has ended. They wait on SSH, Slurm and the shared filesystems' daemons
+for about a quarter of the time of both cores (measured: 360 CPU seconds in 231 s, 150 CPU
+seconds of the cores idle), but beside pytest, which keeps both cores busy, they only
+stretch its run and theirs (measured: the whole suite 54 s slower). Three gates run beside
+them, one after the other, in that idle time, and nothing of the namespace cluster, whose
+nodes have their own network, mount and PID namespaces: other-cpu (some 25 CPU seconds),
+whose tests use the single-node Slurm and rollout fixtures of pytest's suite, which run one
+at a time and so wait for pytest's end; then the two static gates that take half a minute of
+one core each (ansible-sanity, on the built collection alone: see tools/ansible-sanity.sh;
+ansible-lint), on idle time alone (tools/idle.py), since nothing in them waits on a clock.
+Their output is kept and printed, in gate order, once cluster's has been. A third worker for
+the cluster's tests, with a third group, did not help (235 s against 228 s): their waits
+leave less idle time than the CPU a third cluster costs. Their two workers take one group of
+test files each (``--dist loadgroup``; the groups are in
 tests/integration/harness/cluster.py, chosen so that both take about as long) and each makes
 a cluster of its own, which its group's tests share: the guard's, the harness's and the
-rebuilds as Slurm jobs on one, the shared filesystems', the rebuilds' and the fleet benchmark's
-on the other (the benchmark borrows that cluster rather than start one). pytest leaves them out.
+rebuilds as Slurm jobs on one, the shared filesystems', the rebuilds' and the fleet
+benchmark's on the other (the benchmark borrows that cluster rather than start one). pytest
+leaves them out.
+
+The unit tests stay in pytest's run: on idle time beside the cluster gate they made the whole
+run 13 min 11 s instead of 14 min 15 s, but a test starved there of its core for a second
+fails on its clock (Hypothesis's health check, a child's deadline), and one did.
 """
 
 from __future__ import annotations
@@ -86,7 +81,9 @@ SLOWEST = 10
 CHECK = ("shellcheck", "ruff-check", "ruff-format", "compile", "types", "changelog", "unit")
 # The gates run beside another gate, in a thread, when both are selected (see the module's
 # docstring): the gate they run beside, and theirs.
-ALONGSIDE = {"pytest": ("ansible-sanity", "ansible-lint"), "cluster": ("other-cpu", "unit")}
+ALONGSIDE = {"cluster": ("other-cpu", "ansible-sanity", "ansible-lint")}
+# Run only when named (or by --check): what the default gates check already.
+ON_REQUEST = ("unit",)
 # The tests that run on this machine's CPU unsimulated and choose "another target" from what
 # archdetect says of it (marked ``host_cpu``): run a second time with the CPU simulated as
 # another vendor's.
@@ -144,34 +141,25 @@ def gates(pytest_args: list[str], reports: Path) -> list[Gate]:
         Gate("compile", [PYTHON, "tools/compile_check.py"], "plugins/ on Python 3.8-3.13"),
         Gate("types", [PYTHON, "-m", "mypy"], "mypy on plugins/module_utils, for Python 3.8"),
         Gate("changelog", [str(Path(PYTHON).parent / "antsibull-changelog"), "lint"], "changelog fragments"),
-        Gate("ansible-sanity", ["bash", "tools/ansible-sanity.sh"], "ansible-test sanity"),
-        Gate("ansible-lint", ["bash", "tools/ansible-lint.sh"], "ansible-lint, production profile"),
+        # Beside the cluster gate, on idle time: neither has a deadline a slow start could miss.
+        Gate("ansible-sanity", ["bash", "tools/ansible-sanity.sh"], "ansible-test sanity", idle=True),
         Gate(
-            "pytest",
-            [
-                *SUITE_PYTEST,
-                "-m",
-                "not cluster",
-                # Only where no test file is named: pytest's own testpaths, less tests/unit.
-                "-o",
-                "testpaths=tests/integration",
-                f"--durations={SLOWEST}",
-                cpu("pytest"),
-                *pytest_args,
-            ],
-            "integration tests",
-        ),
-        Gate(
-            "other-cpu",
-            [PYTHON, "testbed/simulate_cpu.py", "--", *PYTEST, cpu("other-cpu"), *_marked(HOST_CPU)],
-            "the host-dependent tests again, this machine's CPU simulated as another vendor's",
+            "ansible-lint", ["bash", "tools/ansible-lint.sh"], "ansible-lint, production profile", idle=True
         ),
         Gate(
             "unit",
             [*PYTEST, f"--durations={SLOWEST}", cpu("unit"), "tests/unit", *pytest_args],
             "the unit tests",
-            # Beside the cluster gate: its tests never wait, and there is idle time to fill.
-            idle=True,
+        ),
+        Gate(
+            "pytest",
+            [*SUITE_PYTEST, "-m", "not cluster", f"--durations={SLOWEST}", cpu("pytest"), *pytest_args],
+            "unit and integration tests",
+        ),
+        Gate(
+            "other-cpu",
+            [PYTHON, "testbed/simulate_cpu.py", "--", *PYTEST, cpu("other-cpu"), *_marked(HOST_CPU)],
+            "the host-dependent tests again, this machine's CPU simulated as another vendor's",
         ),
         Gate(
             "cluster",
@@ -275,11 +263,14 @@ def _main(argv: list[str], reports: Path, started: float) -> int:
         return 2
     if argv:
         selected = [gate for gate in selected if gate.name in argv]
+    else:
+        selected = [gate for gate in selected if gate.name not in ON_REQUEST]
 
     names = {gate.name for gate in selected}
     backgrounds = {}
     for host, guests in ALONGSIDE.items():
-        beside = [gate for gate in selected if gate.name in guests]
+        # In the order ALONGSIDE names them: one after the other.
+        beside = [gate for name in guests for gate in selected if gate.name == name]
         if host in names and beside:
             backgrounds[host] = _Background(beside)
     hosted = {gate.name for background in backgrounds.values() for gate in background.gates}

@@ -1,4 +1,4 @@
-"""tools/idle.py, which runs the unit gate beside the cluster gate on idle time: the command
+"""tools/idle.py, which runs the static gates beside the cluster gate on idle time: the command
 runs in a session of its own, at the lowest priority of its autogroup and of itself, its exit
 status is the caller's, and a signal to the caller reaches it."""
 
