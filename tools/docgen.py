@@ -80,7 +80,6 @@ def role_variables(role: str) -> str:
     ``main``'s options, in the spec's order)."""
     spec_file = REPO / "roles" / role / "meta" / "argument_specs.yml"
     options = yaml.safe_load(spec_file.read_text(encoding="utf-8"))["argument_specs"]["main"]["options"]
-    # A cell's "|" is escaped: GitHub's tables would take it for a column's end.
     lines = ["| Variable | Type | Default | What it is |", "|---|---|---|---|"]
     for name, spec in options.items():
         description = spec["description"]
@@ -90,6 +89,7 @@ def role_variables(role: str) -> str:
             kind = f"list of {spec['elements']}"
         if "choices" in spec:
             kind += ": " + ", ".join(f"`{choice}`" for choice in spec["choices"])
+        # A cell's "|" is escaped: GitHub's tables would take it for a column's end.
         cell = " ".join(_markdown(text).split()).replace("|", "\\|")
         default = _default(spec).replace("|", "\\|")
         lines.append(f"| `{name}` | {kind} | {default} | {cell} |")
@@ -129,12 +129,15 @@ def stale() -> list[str]:
 
 
 def write() -> list[str]:
-    """Rewrite every stale section; returns those rewritten."""
-    rewritten = stale()
+    """Rewrite every stale section; returns those rewritten, as ``stale`` names them."""
+    rewritten = []
     for name, (page, _make) in SECTIONS.items():
         path = REPO / page
         text = path.read_text(encoding="utf-8")
-        path.write_text(render(name, text), encoding="utf-8")
+        made = render(name, text)
+        if made != text:
+            path.write_text(made, encoding="utf-8")
+            rewritten.append(f"{page}: {name}")
     return rewritten
 
 

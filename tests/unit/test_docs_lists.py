@@ -227,4 +227,4 @@ def test_every_relative_link_of_the_docs_reaches_a_file_and_its_heading():
 
 def test_the_journal_page_is_linked_from_the_command_s_page():
     assert "(reference/journal.md)" in (DOCS / "staged-rebuild.md").read_text()
-    assert Path(JOURNAL_PAGE).is_file()
+    assert JOURNAL_PAGE.is_file()
