@@ -44,11 +44,11 @@ leaves them out.
 Measured on one machine, from a fresh clone: with the static gates beside pytest, pytest
 took 559 to 589 s, the cluster gate 231 s, the whole run 14 min 15 s, and the cores were
 idle a quarter of the cluster gate's time; with them beside the cluster gate on idle time,
-pytest took 512 and 527 s, the cluster gate 233 and 242 s (its guests done after 199 s), the
-whole run 12 min 51 s and 13 min 16 s in two runs. The unit tests stay in pytest's run: on
-idle time beside the cluster gate they made the whole run 13 min 11 s, and a test starved
-there of its core for a second fails on its clock (Hypothesis's health check, a child's
-deadline): one did.
+pytest took 512 and 527 s, the cluster gate 233 and 242 s (its guests done before it: 199
+and 216 s), the whole run 12 min 51 s and 13 min 16 s in two runs. The unit tests stay in
+pytest's run: on idle time beside the cluster gate they made the whole run 13 min 11 s, and
+a test starved there of its core for a second fails on its clock (Hypothesis's health check,
+a child's deadline): one did.
 """
 
 from __future__ import annotations
