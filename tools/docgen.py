@@ -25,7 +25,8 @@ from __future__ import annotations
 import ast
 import re
 import sys
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Iterator
 
 import yaml
 
@@ -118,26 +119,28 @@ def render(name: str, page_text: str) -> str:
     return head + start + SECTIONS[name][1]() + "\n" + end + tail
 
 
+def _sections() -> Iterator[tuple[Path, str, str, str]]:
+    """Each section as its page has it and as the code makes it now: ``(page's path, "page:
+    name", the page's text, the page's text with the section made anew)``. A page is read again
+    for each of its sections, so that a caller may write it between two."""
+    for name, (page, _make) in SECTIONS.items():
+        path = REPO / page
+        text = path.read_text(encoding="utf-8")
+        yield path, f"{page}: {name}", text, render(name, text)
+
+
 def stale() -> list[str]:
     """The sections whose page differs from what the code makes now, as ``page: name``."""
-    found = []
-    for name, (page, _make) in SECTIONS.items():
-        text = (REPO / page).read_text(encoding="utf-8")
-        if render(name, text) != text:
-            found.append(f"{page}: {name}")
-    return found
+    return [section for _path, section, text, made in _sections() if made != text]
 
 
 def write() -> list[str]:
     """Rewrite every stale section; returns those rewritten, as ``stale`` names them."""
     rewritten = []
-    for name, (page, _make) in SECTIONS.items():
-        path = REPO / page
-        text = path.read_text(encoding="utf-8")
-        made = render(name, text)
+    for path, section, text, made in _sections():
         if made != text:
             path.write_text(made, encoding="utf-8")
-            rewritten.append(f"{page}: {name}")
+            rewritten.append(section)
     return rewritten
 
 
