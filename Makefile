@@ -7,7 +7,7 @@ PYTHON := $(VENV)/bin/python
 GATES ?=
 PYTEST_ARGS ?=
 
-.PHONY: test check demo bench stress lint lock clean
+.PHONY: test check demo demo-stop bench stress lint lock clean
 
 # The summary's wall time counts from here, the bootstrap included.
 test:
@@ -24,6 +24,10 @@ lint:
 demo:
 	@tools/bootstrap.sh demo
 	@$(PYTHON) testbed/demo.py
+
+# The demo leaves its single-node Slurm running for the how-tos (docs/howto/).
+demo-stop:
+	@$(PYTHON) testbed/demo.py stop
 
 # The fleet benchmark starts namespace clusters (sshd, the wheelhouse): the test profile.
 bench:

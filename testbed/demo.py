@@ -1,13 +1,14 @@
-"""`make demo`: a small live EasyBuild tree under ./demo, rebuilt without breaking it.
+"""`make demo`: a small live EasyBuild tree under ./demo, and the site the how-tos run on.
 
 Real EasyBuild (from .venv) builds TinyApp 1.0 and its dependency TinyLib 1.0, offline,
 into ./demo (software/ and modules/all/, as on a cluster); real Lmod then lists and loads
-them. Then eb-staged-rebuild rebuilds TinyApp beside the live tree with real EasyBuild,
-swaps it in, rolls it back and collects the retired tree, with Lmod loading the module at
-every stage, and does the same again through the collection's playbooks
-(testbed/demo_ansible.py). Last, eessi-arch-guard repairs a job that inherited EESSI's
-environment for another CPU (testbed/demo_guard.py). A second run finds both installed and
-EasyBuild skips them. HPCSTACK_DEMO_DIR puts the tree elsewhere (the tests do).
+them. Then eessi-arch-guard repairs a job that inherited EESSI's environment for another
+CPU (testbed/demo_guard.py), on a single-node Slurm that stays up. Last, demo/demo.env is
+written (testbed/demo_site.py): with it, the how-tos of docs/howto/ run against this tree,
+this Slurm and the two commands. A second run finds both packages installed and EasyBuild
+skips them. HPCSTACK_DEMO_DIR puts the tree elsewhere (the tests do).
+
+`testbed/demo.py stop` (`make demo-stop`) stops the demo's Slurm.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
@@ -26,8 +26,8 @@ from pathlib import Path
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent / "tools"))
 
 import checkout
-import demo_ansible
 import demo_guard
+import demo_site
 import stackenv
 import tinypkgs
 
@@ -96,11 +96,45 @@ def main() -> int:
     print(shown.stdout.rstrip())
     if not show_app(module_shell):
         return 1
-    return (
-        staged_rebuild(env, module_shell)
-        or demo_ansible.run(env, DEMO, STATE, packages.easyconfig(tinypkgs.APP))
-        or demo_guard.run(lmod, DEMO)
+    guard = demo_guard.run(lmod, DEMO)
+    variables = site_variables(env, guard)
+    demo_site.install_commands(DEMO)
+    env_file = demo_site.write_env_file(DEMO, variables, lmod.init)
+    say(f"the demo site's environment is in {env_file}; the how-tos in docs/howto/ start with:")
+    print(f"   . {env_file}")
+    if guard.slurm_conf is not None:
+        say("its single-node Slurm keeps running for them; make demo-stop stops it")
+    return guard.status
+
+
+def site_variables(env: dict, guard: demo_guard.Outcome) -> dict:
+    """What demo.env exports: the EasyBuild configuration the tree was built with, the
+    commands, the collection for Ansible, Slurm and the EESSI-like stack."""
+    ansible = DEMO / ".ansible"
+    collections = ansible / "collections"
+    if not (collections / "ansible_collections" / "hpcstack" / "ops").exists():
+        checkout.link_collection(collections)
+    variables = {
+        name: value
+        for name, value in env.items()
+        if name.startswith(("EASYBUILD_", "LMOD_")) or name in ("EB_PYTHON", "MODULEPATH")
+    }
+    variables.update(
+        {
+            "DEMO": str(DEMO),
+            "PATH": f"{DEMO / 'bin'}:{stackenv.find_eb().parent}",
+            "EB_STAGED_REBUILD_STATE_ROOT": str(STATE),
+            "ANSIBLE_COLLECTIONS_PATH": str(collections),
+            "ANSIBLE_HOME": str(ansible / "home"),
+            "DEMO_EESSI": str(guard.prefix.root),
+        }
     )
+    if guard.slurm_conf is not None:
+        variables["SLURM_CONF"] = str(guard.slurm_conf)
+    if guard.here is not None:
+        variables["DEMO_CPU_TARGET"] = guard.here
+        variables["DEMO_OTHER_TARGET"] = guard.other
+    return variables
 
 
 def show_app(module_shell) -> bool:
@@ -109,52 +143,14 @@ def show_app(module_shell) -> bool:
     return ran.returncode == 0
 
 
-def staged_rebuild(env: dict, module_shell) -> int:
-    """Rebuild TinyApp through eb-staged-rebuild, roll it back, collect the old tree; each
-    command's own output is shown as it prints it for a person."""
-    with tempfile.TemporaryDirectory(prefix="hpcstack-demo-") as tmp:
-        tool_env = dict(env, PYTHONPATH=str(checkout.link_package(Path(tmp))))
-
-        def tool(*args: str) -> bool:
-            done = subprocess.run(
-                [sys.executable, "-m", "hpcstack_ops.staged_rebuild.cli", "--state-root", str(STATE), *args],
-                env=tool_env,
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            shown = done.stdout + "".join(
-                line + "\n" for line in done.stderr.splitlines() if not line.startswith("== ")
-            )
-            sys.stdout.write("".join("   " + line + "\n" for line in shown.splitlines()))
-            return done.returncode == 0
-
-        module = f"{tinypkgs.APP}/{tinypkgs.VERSION}"
-        # Each demo run is a run of its own: the journal of an earlier one stays under STATE.
-        run_id = "demo-" + time.strftime("%Y%m%dT%H%M%S")
-        say(f"eb-staged-rebuild probe --path {DEMO / 'software'}: what this filesystem and host can do")
-        if not tool("probe", f"--path={DEMO / 'software'}"):
-            return 1
-        say(f"eb-staged-rebuild rebuild --module {module}: EasyBuild builds beside the live tree, sandboxed")
-        rebuilt = tool(
-            "rebuild",
-            f"--installpath={DEMO}",
-            f"--module={module}",
-            f"--eb={stackenv.find_eb()}",
-            f"--run-id={run_id}",
-            "--",
-            f"{tinypkgs.APP}-{tinypkgs.VERSION}.eb",
-        )
-        if not rebuilt or not show_app(module_shell):
-            return 1
-        say(f"eb-staged-rebuild rollback {run_id}: the previous tree goes back in one exchange")
-        if not tool("rollback", run_id):
-            return 1
-        say("eb-staged-rebuild gc --grace-hours 0 --no-squeue: no job can hold the old tree here, so it goes")
-        if not tool("gc", "--grace-hours", "0", "--no-squeue"):
-            return 1
-        return 0 if show_app(module_shell) else 1
+def stop() -> int:
+    stopped = demo_site.stop_slurm(DEMO)
+    if stopped is None:
+        say("no Slurm of this demo is running")
+        return 0
+    say("the demo's Slurm daemons are stopped" if stopped.returncode == 0 else stopped.stderr.strip())
+    return 0 if stopped.returncode == 0 else 1
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(stop() if sys.argv[1:] == ["stop"] else main())

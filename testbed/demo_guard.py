@@ -2,7 +2,8 @@
 
 An EESSI-like prefix (testbed/eessilike.py) is built under <demo>/eessi, with a build for the
 CPU of this machine among its targets. First a real job: a single-node Slurm cluster starts
-on this machine (testbed/slurm-local.sh, as the tests start it; stopped again at the end), and
+on this machine (testbed/slurm-local.sh, as the tests start it; left running for the
+how-tos, stopped by `make demo-stop`), and
 a user who loaded EESSI on a login node of another CPU submits a job to it, once with a
 TaskProlog that does nothing and once with the guard as TaskProlog. Without root or the
 Slurm packages the demo says so in one line and goes on.
@@ -23,13 +24,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 # Run as a script, only testbed/ is on sys.path: tools/checkout.py, the checkout's files and
 # import names, sits with the tools that build and check the project.
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent / "tools"))
 
 import checkout
+import demo_site
 import eessilike
 import slurmjobs
 import stackenv
@@ -39,11 +43,8 @@ COMPUTE = ("x86_64/intel/icelake", "accel/nvidia/cc80")
 # The user modules' commands print the CPU target they were built for.
 SHOW = 'echo "EESSI_SOFTWARE_SUBDIR=$EESSI_SOFTWARE_SUBDIR"; echo "usera runs the build for $(usera)"'
 
-SLURM_LOCAL = checkout.REPO / "testbed" / "slurm-local.sh"
 SLURM_COMMANDS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol")
 SLURM_PACKAGES = "munge slurmctld slurmd slurm-client"
-SLURM_START_TIMEOUT = 240  # the script waits up to 180 s for its port lock, then 60 s for idle
-SLURM_STOP_TIMEOUT = 90
 JOB_TIMEOUT = 120
 JOB_SCRIPT = f"""#!/bin/bash
 {SHOW}
@@ -65,7 +66,18 @@ def show_lines(text: str) -> None:
         print("   " + line, flush=True)
 
 
-def run(lmod: stackenv.Lmod, demo: Path) -> int:
+@dataclass(frozen=True)
+class Outcome:
+    """How the guard's part went, and what it leaves for the how-tos."""
+
+    status: int  # 0 when everything shown went right
+    prefix: eessilike.EessiPrefix
+    slurm_conf: Optional[Path]  # the demo's running Slurm, None without one
+    here: Optional[str]  # archdetect's target for this machine
+    other: Optional[str]  # a target of the stack this machine cannot use
+
+
+def run(lmod: stackenv.Lmod, demo: Path) -> Outcome:
     root = demo / "eessi"
     shutil.rmtree(root, ignore_errors=True)
     compatible = this_cpu()
@@ -74,8 +86,12 @@ def run(lmod: stackenv.Lmod, demo: Path) -> int:
         targets = (*targets, compatible[0])
     prefix = eessilike.build_prefix(root, targets=targets)
     say(f"an EESSI-like stack with {len(prefix.targets)} CPU targets: {prefix.prefix}")
-    slurm_ok = real_slurm_job(lmod, prefix, compatible)
-    return simulated_nodes(lmod, prefix) or (0 if slurm_ok else 1)
+    here = other = None
+    if compatible is not None:
+        here, other = compatible[0], eessilike.target_elsewhere(compatible, prefix.targets)
+    slurm_ok, conf = real_slurm_job(lmod, prefix, compatible, demo)
+    status = simulated_nodes(lmod, prefix) or (0 if slurm_ok else 1)
+    return Outcome(status, prefix, conf, here, other)
 
 
 def simulated_nodes(lmod: stackenv.Lmod, prefix: eessilike.EessiPrefix) -> int:
@@ -134,53 +150,37 @@ def _admin_path() -> str:
     return os.pathsep.join([os.environ.get("PATH", os.defpath), "/usr/sbin", "/sbin"])
 
 
-def real_slurm_job(lmod: stackenv.Lmod, prefix: eessilike.EessiPrefix, compatible: tuple | None) -> bool:
-    """Start Slurm here, run the mismatched job without and with the guard, stop Slurm.
+def real_slurm_job(
+    lmod: stackenv.Lmod, prefix: eessilike.EessiPrefix, compatible: tuple | None, demo: Path
+) -> tuple[bool, Optional[Path]]:
+    """Start the demo's Slurm (or find it running) and run the mismatched job without and
+    with the guard; Slurm stays up for the how-tos, with its no-op TaskProlog back.
 
-    False only when a job that ran went wrong; Slurm that cannot start is one line.
+    ``(False, ...)`` only when a job that ran went wrong; Slurm that cannot start is one line.
+    The second value is the running cluster's slurm.conf.
     """
     reason = why_no_slurm(compatible)
     if reason:
         say(f"no real Slurm job in this demo: {reason}")
-        return True
-    # slurm-local.sh wants every directory above the cluster's searchable by all users and
-    # a short path (Unix sockets), so not <demo>, which may be anywhere.
-    with tempfile.TemporaryDirectory(prefix="hpcstack-demo-slurm-", dir="/tmp") as tmp:
-        work = Path(tmp)
-        work.chmod(0o755)
-        cluster = work / "slurm"
-        env = dict(os.environ, PATH=_admin_path())
-        started = None
-        try:
-            started = _slurm_local("start", cluster, env, SLURM_START_TIMEOUT)
-            if started.returncode != 0:
-                last = (started.stderr.strip().splitlines() or ["no message"])[0]
-                say(f"no real Slurm job in this demo: testbed/slurm-local.sh could not start it ({last})")
-                return True
-            return _two_jobs(lmod, prefix, compatible, work, cluster)
-        finally:
-            # The script stops exactly the daemons it recorded starting, also after a failed start.
-            stopped = _slurm_local("stop", cluster, env, SLURM_STOP_TIMEOUT)
-            if started is not None and started.returncode == 0:
-                say(
-                    "the demo's Slurm daemons are stopped"
-                    if stopped.returncode == 0
-                    else f"testbed/slurm-local.sh stop {cluster} failed: {stopped.stderr.strip()}"
-                )
-
-
-def _slurm_local(action: str, cluster: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+        return True, None
     try:
-        return subprocess.run(
-            ["bash", str(SLURM_LOCAL), action, str(cluster)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess([], 1, "", f"{action} took more than {timeout} s")
+        cluster = demo_site.make_slurm_root(demo)
+    except (OSError, demo_site.DemoSiteError) as err:
+        say(f"no real Slurm job in this demo: {err}")
+        return True, None
+    started = demo_site.slurm_local("start", cluster, demo_site.SLURM_START_TIMEOUT)
+    if started.returncode != 0:
+        last = (started.stderr.strip().splitlines() or ["no message"])[0]
+        say(f"no real Slurm job in this demo: testbed/slurm-local.sh could not start it ({last})")
+        demo_site.stop_slurm(demo)
+        return True, None
+    work = cluster.parent / "jobs"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(mode=0o755)
+    try:
+        return _two_jobs(lmod, prefix, compatible, work, cluster), cluster / "slurm.conf"
+    finally:
+        _set_task_prolog(cluster, "#!/bin/sh\nexit 0\n")
 
 
 def _two_jobs(
@@ -267,4 +267,4 @@ def _wait(job: str, env: dict) -> str:
 
 if __name__ == "__main__":
     demo_dir = Path(os.environ.get("HPCSTACK_DEMO_DIR") or checkout.REPO / "demo").absolute()
-    raise SystemExit(run(stackenv.find_lmod(), demo_dir))
+    raise SystemExit(run(stackenv.find_lmod(), demo_dir).status)

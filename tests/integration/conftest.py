@@ -11,6 +11,7 @@ idle for the other's one long test (a molecule scenario, the demo, a role's upgr
 from pathlib import Path
 
 from tests.integration.harness.cluster import cephfs, cluster, glusterfs, one_disk
+from tests.integration.harness.demo import demo_run
 from tests.integration.harness.ebsite import built_trees, eb_site_factory
 from tests.integration.harness.guard import eessi_prefix, guard_site
 from tests.integration.harness.guard_rollout import job_root
@@ -30,6 +31,7 @@ __all__ = [
     "cephfs",
     "cluster",
     "deep_scratch",
+    "demo_run",
     "easybuild",
     "eb_site_factory",
     "eessi_prefix",
