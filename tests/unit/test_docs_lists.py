@@ -27,7 +27,7 @@ JOURNAL_TABLES = {
     "## A step (`steps[]`)": journal.Step,
     "## The batch job of a run (`job`)": journal.JobRecord,
 }
-GUARD_PAGE = DOCS / "arch-guard.md"
+GUARD_PAGE = DOCS / "reference" / "eessi-arch-guard.md"
 DECIDE = checkout.REPO / "plugins" / "module_utils" / "arch_guard" / "decide.py"
 
 
