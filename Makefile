@@ -43,5 +43,7 @@ stress:
 lock:
 	@tools/lock.sh
 
+# The demo's Slurm goes with the tree it serves.
 clean:
+	@if [ -x $(PYTHON) ]; then $(PYTHON) testbed/demo.py stop; fi
 	rm -rf demo tests/output .pytest_cache .ruff_cache .hypothesis
