@@ -6,8 +6,8 @@ Public API: two commands, not Python names.
 
 - ``eb-staged-rebuild`` (entry point ``staged_rebuild.cli:main``) and ``eessi-arch-guard``
   (entry point ``arch_guard.cli:main``): their command lines, their exit statuses and the
-  JSON documents they print with ``--json``, as docs/staged-rebuild.md and
-  docs/arch-guard.md describe them.
+  JSON documents they print with ``--json``, as docs/reference/eb-staged-rebuild.md and
+  docs/reference/eessi-arch-guard.md describe them.
 - ``common.version.VERSION``: the collection's version (galaxy.yml), which ``--version`` prints.
 
 Everything else here (the subpackages ``common``, ``staged_rebuild`` and ``arch_guard``,

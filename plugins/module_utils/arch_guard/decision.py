@@ -35,7 +35,8 @@ LMOD_UNAVAILABLE = "lmod-unavailable"
 RESTORE_FAILED = "restore-failed"
 # EESSI started by sourcing init/bash: no module to load again, only the script to source.
 NO_EESSI_MODULE = "no-eessi-module"
-# Every token a failure marker can carry, in the order docs/arch-guard.md lists them.
+# Every token a failure marker can carry, in the order docs/reference/eessi-arch-guard.md
+# lists them.
 FAILURE_TOKENS = (
     NO_SOFTWARE_DIR,
     ARCHDETECT_FAILED,

@@ -39,7 +39,8 @@ class _Parser(argparse.ArgumentParser):
         raise errors.UsageError(f"{message} (see '{self.prog} --help')")
 
 
-# Each subcommand's examples, shown at the end of its --help (and in docs/staged-rebuild.md).
+# Each subcommand's examples, shown at the end of its --help (and in docs/staged-rebuild.md or
+# docs/reference/eb-staged-rebuild.md).
 EXAMPLES = {
     "rebuild": (
         "eb-staged-rebuild rebuild --dry-run --installpath /apps --module GROMACS/2024.1-foss-2023b \\",
