@@ -18,6 +18,9 @@ Sections:
   first sentence of its docstring, which says what the file owns.
 - ``role-build_host``, ``role-arch_guard`` (docs/reference/roles.md): each role's variables,
   from its ``meta/argument_specs.yml`` (what ``ansible-doc -t role`` shows), as a table.
+- ``modules`` (docs/reference/modules.md): each module of ``plugins/modules``, its summary,
+  its options (the shared ones of the doc fragment it extends included) and what it returns,
+  from its ``DOCUMENTATION`` and ``RETURN`` (what ``ansible-doc`` shows).
 """
 
 from __future__ import annotations
@@ -59,8 +62,9 @@ def code_map() -> str:
     return "\n".join(lines)
 
 
-# Ansible's documentation markup, as Markdown: C(code), O(option), V(value), I(italic).
-_MARKUP = re.compile(r"\b([COVI])\(([^()]*)\)")
+# Ansible's documentation markup, as Markdown: C(code), O(option), V(value), E(variable),
+# RV(return value), M(module), I(italic).
+_MARKUP = re.compile(r"\b(RV|[COVEMI])\(([^()]*)\)")
 
 
 def _markdown(text: str) -> str:
@@ -76,25 +80,74 @@ def _default(spec: dict) -> str:
     return f"`{str(value).lower() if isinstance(value, bool) else value}`"
 
 
-def role_variables(role: str) -> str:
-    """The table of ``role``'s variables: name, type, default, description (its entry point
-    ``main``'s options, in the spec's order)."""
-    spec_file = REPO / "roles" / role / "meta" / "argument_specs.yml"
-    options = yaml.safe_load(spec_file.read_text(encoding="utf-8"))["argument_specs"]["main"]["options"]
-    lines = ["| Variable | Type | Default | What it is |", "|---|---|---|---|"]
+def options_table(options: dict, first_column: str) -> str:
+    """A table of Ansible options (a role's variables, a module's options): name, type, default,
+    description, in the spec's order."""
+    lines = [f"| {first_column} | Type | Default | What it is |", "|---|---|---|---|"]
     for name, spec in options.items():
-        description = spec["description"]
-        text = " ".join(description) if isinstance(description, list) else description
         kind = spec.get("type", "str")
         if kind == "list" and "elements" in spec:
             kind = f"list of {spec['elements']}"
         if "choices" in spec:
             kind += ": " + ", ".join(f"`{choice}`" for choice in spec["choices"])
         # A cell's "|" is escaped: GitHub's tables would take it for a column's end.
-        cell = " ".join(_markdown(text).split()).replace("|", "\\|")
+        cell = _cell(spec.get("description", ""))
         default = _default(spec).replace("|", "\\|")
         lines.append(f"| `{name}` | {kind} | {default} | {cell} |")
     return "\n".join(lines)
+
+
+def _cell(description) -> str:
+    text = " ".join(description) if isinstance(description, list) else str(description)
+    return " ".join(_markdown(text).split()).replace("|", "\\|")
+
+
+def role_variables(role: str) -> str:
+    """The table of ``role``'s variables (its entry point ``main``'s options)."""
+    spec_file = REPO / "roles" / role / "meta" / "argument_specs.yml"
+    options = yaml.safe_load(spec_file.read_text(encoding="utf-8"))["argument_specs"]["main"]["options"]
+    return options_table(options, "Variable")
+
+
+def _string_constants(source: Path, owner: str | None = None) -> dict[str, str]:
+    """The module-level (or class ``owner``'s) assignments of a string to a name, read without
+    importing the file (a module imports Ansible's own code)."""
+    body = ast.parse(source.read_text(encoding="utf-8")).body
+    if owner is not None:
+        body = next(node.body for node in body if isinstance(node, ast.ClassDef) and node.name == owner)
+    return {
+        target.id: node.value.value
+        for node in body
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+
+
+def _fragment_options(name: str) -> dict:
+    """The options of a doc fragment ``hpcstack.ops.FILE[.PART]`` (PART: DOCUMENTATION by default)."""
+    _namespace, _collection, file, *part = name.split(".")
+    texts = _string_constants(REPO / "plugins" / "doc_fragments" / f"{file}.py", "ModuleDocFragment")
+    return (yaml.safe_load(texts[(part[0] if part else "documentation").upper()]) or {}).get("options", {})
+
+
+def modules() -> str:
+    """Each module: its name, its summary, its options and its return values."""
+    parts = []
+    for source in sorted((REPO / "plugins" / "modules").glob("*.py")):
+        texts = _string_constants(source)
+        doc = yaml.safe_load(texts["DOCUMENTATION"])
+        options = dict(doc.get("options") or {})
+        for fragment in doc.get("extends_documentation_fragment") or []:
+            options.update(_fragment_options(fragment))
+        returned = yaml.safe_load(texts.get("RETURN") or "") or {}
+        parts.append(f"### `hpcstack.ops.{doc['module']}`\n\n{_cell(doc['short_description'])}.")
+        parts.append(options_table(options, "Option") if options else "No options.")
+        if returned:
+            parts.append("Returns: " + ", ".join(f"`{key}`" for key in returned) + ".")
+    return "\n\n".join(parts)
 
 
 # Each section: the page it is on, and what makes it.
@@ -102,6 +155,7 @@ SECTIONS: dict[str, tuple[str, Callable[[], str]]] = {
     "code-map": ("docs/development.md", code_map),
     "role-build_host": ("docs/reference/roles.md", lambda: role_variables("build_host")),
     "role-arch_guard": ("docs/reference/roles.md", lambda: role_variables("arch_guard")),
+    "modules": ("docs/reference/modules.md", modules),
 }
 
 
