@@ -168,7 +168,7 @@ def real_slurm_job(
     except (OSError, demo_site.DemoSiteError) as err:
         say(f"no real Slurm job in this demo: {err}")
         return True, None
-    started = demo_site.slurm_local("start", cluster, demo_site.SLURM_START_TIMEOUT)
+    started = slurmjobs.slurm_local("start", cluster, demo_site.SLURM_START_TIMEOUT)
     if started.returncode != 0:
         last = (started.stderr.strip().splitlines() or ["no message"])[0]
         say(f"no real Slurm job in this demo: testbed/slurm-local.sh could not start it ({last})")

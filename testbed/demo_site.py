@@ -23,16 +23,14 @@ import sys
 from pathlib import Path
 
 import checkout
+import slurmjobs
 
-SLURM_LOCAL = checkout.REPO / "testbed" / "slurm-local.sh"
 SLURM_START_TIMEOUT = 240  # the script waits up to 180 s for its port lock, then 60 s for idle
 SLURM_STOP_TIMEOUT = 90
 COMMANDS = {
     "eb-staged-rebuild": f"{checkout.PACKAGE}.staged_rebuild.cli",
     "eessi-arch-guard": f"{checkout.PACKAGE}.arch_guard.cli",
 }
-# What a root shell has on PATH besides the demo's own: Slurm's daemons and scontrol.
-ADMIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class DemoSiteError(Exception):
@@ -68,28 +66,12 @@ def make_slurm_root(demo: Path) -> Path:
     return root / "slurm"
 
 
-def slurm_local(action: str, cluster: Path, timeout: float) -> subprocess.CompletedProcess:
-    """``testbed/slurm-local.sh ACTION CLUSTER`` with the daemons on PATH; never raises."""
-    env = dict(os.environ, PATH=os.pathsep.join([os.environ.get("PATH", os.defpath), ADMIN_PATH]))
-    try:
-        return subprocess.run(
-            ["bash", str(SLURM_LOCAL), action, str(cluster)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess([], 1, "", f"{action} took more than {timeout} s")
-
-
 def stop_slurm(demo: Path) -> subprocess.CompletedProcess | None:
     """Stop the demo's Slurm and remove its directory; None when there was none."""
     root = slurm_root(demo)
     if not root.is_dir() or root.is_symlink():
         return None
-    stopped = slurm_local("stop", root / "slurm", SLURM_STOP_TIMEOUT)
+    stopped = slurmjobs.slurm_local("stop", root / "slurm", SLURM_STOP_TIMEOUT)
     if stopped.returncode == 0:
         shutil.rmtree(root)
     return stopped

@@ -1,6 +1,15 @@
-"""What Slurm's own tools say about a job, shared by the test harness and ``make demo``."""
+"""What Slurm's own tools say about a job, and the private single-node Slurm of
+``testbed/slurm-local.sh``; shared by the test harness and ``make demo``."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+SLURM_LOCAL = Path(__file__).resolve().parent / "slurm-local.sh"
+# What a root shell has on PATH: slurm-local.sh starts munged, slurmctld and slurmd.
+ADMIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # scontrol's job states after which nothing of the job runs any more.
 FINISHED_STATES = frozenset(
@@ -16,3 +25,20 @@ FINISHED_STATES = frozenset(
         "TIMEOUT",
     )
 )
+
+
+def slurm_local(action: str, cluster: Path, timeout: float) -> subprocess.CompletedProcess:
+    """``testbed/slurm-local.sh ACTION CLUSTER`` with the daemons on PATH; never raises: a
+    timeout is an exit status 1 whose stderr says so."""
+    env = dict(os.environ, PATH=os.pathsep.join([os.environ.get("PATH", os.defpath), ADMIN_PATH]))
+    try:
+        return subprocess.run(
+            ["bash", str(SLURM_LOCAL), action, str(cluster)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess([], 1, "", f"slurm-local.sh {action} took more than {timeout} s")

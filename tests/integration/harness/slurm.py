@@ -36,10 +36,8 @@ from typing import Iterator, Optional
 
 import pytest
 
-import checkout
+from slurmjobs import slurm_local
 from tests.support.users import UnprivilegedUser
-
-SCRIPT = checkout.REPO / "testbed" / "slurm-local.sh"
 
 # Usage: ``pytestmark = SLURM`` in a test module.
 SLURM = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]
@@ -97,17 +95,6 @@ class SlurmCluster:
 
     def reset_task_prolog(self) -> None:
         self.set_task_prolog(NOOP_PROLOG)
-
-
-def slurm_local(action: str, root: Path, timeout: float) -> subprocess.CompletedProcess:
-    """``testbed/slurm-local.sh ACTION ROOT``; never raises on a non-zero exit."""
-    return subprocess.run(
-        ["bash", str(SCRIPT), action, str(root)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def _text(data) -> str:
