@@ -129,6 +129,11 @@ def site_variables(env: dict, guard: demo_guard.Outcome) -> dict:
             "DEMO_EESSI": str(guard.prefix.root),
         }
     )
+    wheels = Path(sys.executable).parent.parent / "wheelhouse"
+    if (wheels / ".complete").is_file():
+        # EasyBuild's wheels, built by tools/bootstrap.sh: the build_host role of the how-to
+        # installs from them, as a site without a route to PyPI does.
+        variables["DEMO_WHEELS"] = str(wheels)
     if guard.slurm_conf is not None:
         variables["SLURM_CONF"] = str(guard.slurm_conf)
     if guard.here is not None:

@@ -144,12 +144,13 @@ if ! [ -f "$venv/.bootstrap-stamp" ] || [ "$(cat "$venv/.bootstrap-stamp")" != "
 fi
 
 # --- wheelhouse ---------------------------------------------------------------------------
-# The namespace cluster's nodes have no network: the build_host role installs EasyBuild there
-# with pip from these wheels (the pinned EasyBuild and setuptools, built once).
+# The namespace cluster's nodes have no network, and the how-tos run offline: the build_host
+# role installs EasyBuild with pip from these wheels (the pinned EasyBuild and setuptools,
+# built once; the demo's demo.env names them).
 wheelhouse=$venv/wheelhouse
-if [ "$profile" = test ] && ! [ -f "$wheelhouse/.complete" ]; then
+if ! [ -f "$wheelhouse/.complete" ]; then
   pins=$(grep -E '^(easybuild|setuptools)==' "$lock" | cut -d' ' -f1 | tr '\n' ' ')
-  say "building the wheelhouse for the test cluster's build nodes: $pins"
+  say "building the wheelhouse the build_host role installs EasyBuild from: $pins"
   # shellcheck disable=SC2086 # one argument per pin
   "$venv/bin/python" -m pip wheel -q --disable-pip-version-check -w "$wheelhouse" $pins >"$log" 2>&1 ||
     { cat "$log" >&2; die "pip wheel of $pins failed"; }
