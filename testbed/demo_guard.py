@@ -89,7 +89,7 @@ def run(lmod: stackenv.Lmod, demo: Path) -> Outcome:
     here = other = None
     if compatible is not None:
         here, other = compatible[0], eessilike.target_elsewhere(compatible, prefix.targets)
-    slurm_ok, conf = real_slurm_job(lmod, prefix, compatible, demo)
+    slurm_ok, conf = real_slurm_job(lmod, prefix, compatible, (here, other), demo)
     status = simulated_nodes(lmod, prefix) or (0 if slurm_ok else 1)
     return Outcome(status, prefix, conf, here, other)
 
@@ -140,18 +140,19 @@ def why_no_slurm(compatible: tuple | None) -> str | None:
         return "archdetect does not recognise this machine's CPU"
     if os.geteuid() != 0:
         return "starting slurmd needs root (run make demo as root)"
-    missing = [name for name in SLURM_COMMANDS if shutil.which(name, path=_admin_path()) is None]
+    admin_path = os.pathsep.join([os.environ.get("PATH", os.defpath), slurmjobs.ADMIN_PATH])
+    missing = [name for name in SLURM_COMMANDS if shutil.which(name, path=admin_path) is None]
     if missing:
         return f"{', '.join(missing)} not installed (apt-get install {SLURM_PACKAGES})"
     return None
 
 
-def _admin_path() -> str:
-    return os.pathsep.join([os.environ.get("PATH", os.defpath), "/usr/sbin", "/sbin"])
-
-
 def real_slurm_job(
-    lmod: stackenv.Lmod, prefix: eessilike.EessiPrefix, compatible: tuple | None, demo: Path
+    lmod: stackenv.Lmod,
+    prefix: eessilike.EessiPrefix,
+    compatible: tuple | None,
+    targets: tuple,
+    demo: Path,
 ) -> tuple[bool, Optional[Path]]:
     """Start the demo's Slurm (or find it running) and run the mismatched job without and
     with the guard; Slurm stays up for the how-tos, with its no-op TaskProlog back.
@@ -178,15 +179,16 @@ def real_slurm_job(
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(mode=0o755)
     try:
-        return _two_jobs(lmod, prefix, compatible, work, cluster), cluster / "slurm.conf"
+        return _two_jobs(lmod, prefix, targets, work, cluster), cluster / "slurm.conf"
     finally:
         _set_task_prolog(cluster, "#!/bin/sh\nexit 0\n")
 
 
 def _two_jobs(
-    lmod: stackenv.Lmod, prefix: eessilike.EessiPrefix, compatible: tuple, work: Path, cluster: Path
+    lmod: stackenv.Lmod, prefix: eessilike.EessiPrefix, targets: tuple, work: Path, cluster: Path
 ) -> bool:
-    here, other = compatible[0], eessilike.target_elsewhere(compatible, prefix.targets)
+    """``targets``: this machine's CPU target, and the login node's that it cannot use."""
+    here, other = targets
     node = subprocess.run(["hostname", "-s"], capture_output=True, text=True, check=False).stdout.strip()
     say(
         f"this machine is now a real Slurm node, {node} (munged, slurmctld and slurmd started by "
