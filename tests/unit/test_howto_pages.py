@@ -45,12 +45,12 @@ def test_each_how_to_starts_from_the_demo_s_environment(page):
     assert blocks[0].splitlines()[0] == ". demo/demo.env"
 
 
-def test_the_four_how_tos_each_have_the_test_that_runs_them():
+def test_each_how_to_has_the_one_test_that_runs_it():
     run_by = {}
     for test in TESTS.glob("test_howto_*.py"):
         for name in re.findall(r'run_page\(\s*"([^"]+)"', test.read_text()):
             run_by.setdefault(name, []).append(test.name)
 
-    assert len(PAGES) == 4
+    assert PAGES
     assert {page: len(run_by.get(page, [])) for page in PAGES} == dict.fromkeys(PAGES, 1)
     assert set(run_by) == set(PAGES)
