@@ -107,17 +107,6 @@ def run_rebuild(request, state_root, progress, env, dry_run=False) -> dict:
     return rebuild.rebuild(request, state_root, progress, env)
 
 
-def queue_rebuild(request, state_root, *, target=None):
-    """The run of ``request`` for a batch job, in state ``queued`` (``rebuild.queue``); the
-    caller submits the job and records its id with ``record_job``. Returns the journal."""
-    return rebuild.queue(request, state_root, target=target)
-
-
-def record_job(journal, job_id) -> None:
-    """Save the scheduler's id of the queued run's job."""
-    rebuild.record_job(journal, job_id)
-
-
 def start_job(state_root, run_id, progress, env, *, node, job_id=None, check_node=None) -> dict:
     """What a batch job runs: its queued run started on ``node`` by job ``job_id``, built,
     planned, and published or left ``staged`` (``rebuild.start_queued``)."""
