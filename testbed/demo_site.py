@@ -56,8 +56,7 @@ def make_slurm_root(demo: Path) -> Path:
     try:
         os.mkdir(root, 0o755)
     except FileExistsError:
-        found = os.lstat(root)
-        if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.geteuid() or found.st_mode & 0o022:
+        if not _ours(root):
             raise DemoSiteError(
                 f"{root} exists and is not a directory of this user's that only it can write; remove it"
             ) from None
@@ -66,10 +65,21 @@ def make_slurm_root(demo: Path) -> Path:
     return root / "slurm"
 
 
+def _ours(root: Path) -> bool:
+    """``root`` is a directory (not a link) of this user's that no one else can write."""
+    try:
+        found = os.lstat(root)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISDIR(found.st_mode) and found.st_uid == os.geteuid() and not found.st_mode & 0o022
+
+
 def stop_slurm(demo: Path) -> subprocess.CompletedProcess | None:
-    """Stop the demo's Slurm and remove its directory; None when there was none."""
+    """Stop the demo's Slurm and remove its directory; None when there was none. A
+    directory of that name that is not one the demo could have made is left alone: its
+    pid file would name the processes to kill."""
     root = slurm_root(demo)
-    if not root.is_dir() or root.is_symlink():
+    if not _ours(root):
         return None
     stopped = slurmjobs.slurm_local("stop", root / "slurm", SLURM_STOP_TIMEOUT)
     if stopped.returncode == 0:

@@ -1,16 +1,19 @@
 """`make demo` builds the demo tree with real EasyBuild, shows its modules, repairs a
 mismatched job with the guard on a real Slurm, and leaves that Slurm and demo.env for the
-how-tos (whose tests, test_howtos.py, share the same run)."""
+how-tos (whose tests, test_howto_*.py, share the same run)."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 import checkout
+import demo_site
 import eessilike
 from tests.integration.harness.demo import DEMO_TREE, run_demo
 
@@ -140,3 +143,33 @@ def test_guard_demo_without_root_says_why_there_is_no_slurm_job(unprivileged_use
     assert "print eessi-arch-guard: reloaded EESSI for x86_64/intel/icelake accel/nvidia/cc80" in prolog
     assert "EESSI_SOFTWARE_SUBDIR=x86_64/intel/icelake" in after
     assert "usera runs the build for x86_64/intel/icelake" in after
+
+
+@pytest.mark.parametrize("planted", ["another user's directory", "a link to root's directory"])
+def test_a_slurm_directory_planted_under_the_demo_s_name_is_neither_used_nor_stopped(
+    tmp_path, unprivileged_user, planted
+):
+    """The demo's Slurm directory has a name anyone can work out (/tmp/hpcstack-demo-<hash of
+    the tree's path>). What another user put there first is refused in one line, and
+    ``make demo-stop`` leaves it alone (a pid file there would name the processes to kill)."""
+    tree = tmp_path / "demo"
+    root = demo_site.slurm_root(tree)
+    target = tmp_path / "roots-own"
+    target.mkdir()
+    if planted == "another user's directory":
+        made = unprivileged_user.run(["mkdir", "-m", "0755", str(root)])
+        assert made.returncode == 0, made.stderr
+    else:
+        made = unprivileged_user.run(["ln", "-s", str(target), str(root)])
+        assert made.returncode == 0, made.stderr
+    try:
+        with pytest.raises(demo_site.DemoSiteError) as refused:
+            demo_site.make_slurm_root(tree)
+        assert str(refused.value) == (
+            f"{root} exists and is not a directory of this user's that only it can write; remove it"
+        )
+        assert demo_site.stop_slurm(tree) is None
+        assert os.path.lexists(root)
+        assert list(target.iterdir()) == []
+    finally:
+        subprocess.run(["rm", "-rf", "--", str(root)], check=True)
