@@ -90,14 +90,15 @@ def options_table(options: dict, first_column: str) -> str:
             kind = f"list of {spec['elements']}"
         if "choices" in spec:
             kind += ": " + ", ".join(f"`{choice}`" for choice in spec["choices"])
-        # A cell's "|" is escaped: GitHub's tables would take it for a column's end.
         cell = _cell(spec.get("description", ""))
+        # A cell's "|" is escaped: GitHub's tables would take it for a column's end.
         default = _default(spec).replace("|", "\\|")
         lines.append(f"| `{name}` | {kind} | {default} | {cell} |")
     return "\n".join(lines)
 
 
 def _cell(description) -> str:
+    """A description (a string or a list of them) as one table cell, its "|" escaped."""
     text = " ".join(description) if isinstance(description, list) else str(description)
     return " ".join(_markdown(text).split()).replace("|", "\\|")
 
