@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -277,3 +278,27 @@ def test_json_is_valid_unicode_and_names_a_value_that_is_not():
     assert decision["detail"] == "no eessi_archdetect.sh in /nonexistent/\\xff/init/eessi_archdetect.sh"
     assert decision["escaped"] == ["/detail"]
     assert b"\\ud" not in stdout
+
+
+def _documented_json_keys() -> set:
+    """The keys the reference's "JSON (`--json`)" paragraph names (what its parentheses hold
+    are values, not keys)."""
+    text = (checkout.REPO / "docs" / "reference" / "eessi-arch-guard.md").read_text()
+    paragraph = text.split("### JSON (`--json`)\n", 1)[1].split("\n#", 1)[0]
+    return set(re.findall(r"`([a-z_]+)`", re.sub(r"\([^()]*\)", "", paragraph)))
+
+
+@pytest.mark.parametrize("argv", [["--json"], ["--shell", "--json"]])
+@pytest.mark.parametrize(
+    ("action", "environ"), [("skip", {"PATH": os.defpath}), ("fail", _loaded_elsewhere())]
+)
+def test_the_json_decision_has_the_keys_the_reference_lists(argv, action, environ):
+    status, stdout, _stderr = _main(argv, environ)
+
+    decision = json.loads(stdout)
+    assert status == 0
+    assert decision["action"] == action
+    documented = _documented_json_keys()
+    assert documented == {"action", "detail", "changes", "message", "mode", "escaped"}
+    # escaped only when a value is not UTF-8 (test_json_is_valid_unicode_and_names_a_value_that_is_not).
+    assert set(decision) == documented - {"escaped"}
