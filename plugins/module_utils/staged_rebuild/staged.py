@@ -149,6 +149,16 @@ def publish_staged(
         }
 
 
+def _discard_unrecorded(journal: Journal, err: OSError) -> errors.JournalError:
+    """A discard whose stage is gone but whose journal could not say so (a full or read-only
+    state root): the run still reads ``staged``, which publish refuses, having no stage; a
+    second discard finds nothing left to remove and ends it ``failed``."""
+    return errors.JournalError(
+        f"{_name(journal)}: its stage is removed, but its journal could not record the discard "
+        f"({errors.message(err)}); the same discard again ends it once the state root can be written"
+    )
+
+
 def _name(journal: Journal) -> str:
     return f"run {journal.run_id} in {journal.state_root}"
 
@@ -197,7 +207,10 @@ def discard_staged(runs: Sequence[Tuple[str, str]], lock_timeout: float) -> Dict
             operations.discard_stage(journal, journal.trees.generation(journal.run_id))
             journal.run.refused = True
             journal.run.error = DISCARDED
-            journal.set_state(RunState.FAILED)
+            try:
+                journal.set_state(RunState.FAILED)
+            except OSError as err:
+                raise _discard_unrecorded(journal, err) from err
         return {
             "changed": True,
             "discarded": [_ref(journal) for journal in staged],

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -407,6 +408,49 @@ def test_discarded_staged_runs_end_failed_with_their_stages_gone(pair):
         assert not os.path.lexists(run.modules[0].retired_path)
         assert site.snapshot_of(site.live(LIB), site.module_file(LIB)) == was
         assert _greeting(site) == tinypkgs.GREETING
+
+
+def test_a_discard_that_cannot_record_itself_says_so_and_the_same_discard_again_ends_the_run(pair):
+    """The stage goes, then the journal cannot be written (its directory read-only: a real
+    read-only bind mount, in a mount namespace of the discard's own). The run still reads
+    staged without a stage; the one line says so and what ends it, and it does."""
+    site = pair.sites[0]
+    run_dir = site.state_root / "runs" / RUN_ID
+    before = site.snapshot_of(site.live(LIB), site.module_file(LIB))
+    read_only = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"',
+        "sh",
+        str(run_dir),
+    ]
+
+    first = site.run_as_owner(
+        [*read_only, *site.tool_command("discard", RUN_ID)], site.tool_env(pair.packages[0]), 120
+    )
+
+    assert first.returncode == 2, first.stdout + first.stderr
+    assert re.fullmatch(
+        rf"eb-staged-rebuild: run {RUN_ID} in {re.escape(str(site.state_root))}: its stage is removed, "
+        r"but its journal could not record the discard "
+        r"\(Read-only file system \(\.journal\.json\.[0-9a-f]+\.tmp\)\); "
+        r"the same discard again ends it once the state root can be written\n",
+        first.stderr,
+    ), first.stderr
+    assert _journal(site).state is journals.RunState.STAGED
+    assert not site.generation(RUN_ID).exists()
+
+    result = staged.discard_staged([(str(site.state_root), RUN_ID)], 0)
+
+    assert [run["state"] for run in result["runs"]] == ["failed"]
+    run = _journal(site).run
+    assert (run.state, run.error) == (journals.RunState.FAILED, staged.DISCARDED)
+    assert site.snapshot_of(site.live(LIB), site.module_file(LIB)) == before
+    assert _greeting(site) == tinypkgs.GREETING
 
 
 def test_nothing_is_published_when_one_of_the_runs_is_not_staged(pair):
