@@ -38,6 +38,7 @@ from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import journal as journals
 from tests.integration.harness import toysite
 from tests.integration.harness.ebsite import LIB, EbSite, wait_for
+from tests.support.mountns import in_private_mounts
 
 RUN_ID = "20260101T000000Z-job"
 BACKEND = "userns"
@@ -417,17 +418,9 @@ def test_a_discard_that_cannot_record_itself_says_so_and_the_same_discard_again_
     site = pair.sites[0]
     run_dir = site.state_root / "runs" / RUN_ID
     before = site.snapshot_of(site.live(LIB), site.module_file(LIB))
-    read_only = [
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"',
-        "sh",
-        str(run_dir),
-    ]
+    read_only = in_private_mounts(
+        'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"', str(run_dir)
+    )
 
     first = site.run_as_owner(
         [*read_only, *site.tool_command("discard", RUN_ID)], site.tool_env(pair.packages[0]), 120

@@ -26,6 +26,7 @@ from tests.integration.harness.staged_checks import (
     tool_command,
     tool_env,
 )
+from tests.support.mountns import in_private_mounts
 
 APP = "TinyApp/1.0"
 
@@ -130,15 +131,9 @@ def test_enospc_at_the_live_change_record_ends_the_run_failed_and_resume_publish
     env = tool_env(site, {"FAKE_EB_ARGS_LOG": eb_log})
 
     done = subprocess.run(
-        [
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            'mount -t tmpfs -o size=64k,mode=0700 none "$STATE_ROOT" && exec "$PYTHON" -c "$CODE"',
-        ],
+        in_private_mounts(
+            'mount -t tmpfs -o size=64k,mode=0700 none "$STATE_ROOT" && exec "$PYTHON" -c "$CODE"'
+        ),
         env=dict(
             env,
             STATE_ROOT=str(site.state_root),

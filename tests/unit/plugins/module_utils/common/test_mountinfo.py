@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import mountinfo
+from tests.support.mountns import in_private_mounts
 
 CHILD_TIMEOUT = 120
 # argv: a root. Prints mount_points_under(root), filesystem_of of each, and the mounts() rows.
@@ -36,17 +37,7 @@ def _in_namespace(package_dir, root, mounts, extra=""):
         script += f'mount -t {fstype} none "${index + 1}"\n'
     script += extra + 'exec "$PYTHON" -c "$REPORT" "$ROOT"\n'
     done = subprocess.run(
-        [
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            script,
-            "sh",
-            *(str(p) for _t, p in mounts),
-        ],
+        in_private_mounts(script, *(str(p) for _t, p in mounts)),
         env=dict(
             os.environ, PYTHONPATH=str(package_dir), PYTHON=sys.executable, REPORT=REPORT, ROOT=str(root)
         ),

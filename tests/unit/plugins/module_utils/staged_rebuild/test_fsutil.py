@@ -22,6 +22,7 @@ import pytest
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import dirfd, errors
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import fsutil
 from tests.support.injected import directory_fsync_fails_with
+from tests.support.mountns import in_private_mounts
 
 
 def _tree(path, payload):
@@ -514,17 +515,9 @@ def test_a_disk_full_write_leaves_the_old_file_and_no_temp_file(package_dir, tmp
     point = tmp_path / "small"
     point.mkdir()
     done = subprocess.run(
-        [
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            'mount -t tmpfs -o size=64k none "$1" && exec "$PYTHON" -c "$CODE" "$1"',
-            "sh",
-            str(point),
-        ],
+        in_private_mounts(
+            'mount -t tmpfs -o size=64k none "$1" && exec "$PYTHON" -c "$CODE" "$1"', str(point)
+        ),
         env=dict(os.environ, PYTHONPATH=str(package_dir), PYTHON=sys.executable, CODE=DISK_FULL),
         capture_output=True,
         text=True,

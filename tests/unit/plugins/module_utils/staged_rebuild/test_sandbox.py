@@ -23,6 +23,7 @@ import pytest
 
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import mountinfo
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import sandbox
+from tests.support.mountns import in_private_mounts
 from tests.support.staged import snapshot
 
 CHILD_TIMEOUT = 120
@@ -257,7 +258,7 @@ def test_the_live_tree_is_unchanged_after_the_child_exits(sandboxed):
 def _mount_tmpfs_then(path, options="mode=0777"):
     """A wrapper: a private mount namespace with a tmpfs at ``path``, then the child."""
     script = 'mount -t tmpfs -o "$1" tmpfs "$2" && shift 2 && exec "$@"'
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", options, str(path)]
+    return in_private_mounts(script, options, str(path))
 
 
 @pytest.mark.parametrize("who", ["root", "build-user"])
