@@ -35,6 +35,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent / "tools"))
 import checkout
 import demo_site
 import eessilike
+import localplay
 import slurmjobs
 import stackenv
 
@@ -140,7 +141,7 @@ def why_no_slurm(compatible: tuple | None) -> str | None:
         return "archdetect does not recognise this machine's CPU"
     if os.geteuid() != 0:
         return "starting slurmd needs root (run make demo as root)"
-    admin_path = os.pathsep.join([os.environ.get("PATH", os.defpath), slurmjobs.ADMIN_PATH])
+    admin_path = os.pathsep.join([os.environ.get("PATH", os.defpath), localplay.ADMIN_PATH])
     missing = [name for name in SLURM_COMMANDS if shutil.which(name, path=admin_path) is None]
     if missing:
         return f"{', '.join(missing)} not installed (apt-get install {SLURM_PACKAGES})"

@@ -27,10 +27,7 @@ import slurmjobs
 
 SLURM_START_TIMEOUT = 240  # the script waits up to 180 s for its port lock, then 60 s for idle
 SLURM_STOP_TIMEOUT = 90
-COMMANDS = {
-    "eb-staged-rebuild": f"{checkout.PACKAGE}.staged_rebuild.cli",
-    "eessi-arch-guard": f"{checkout.PACKAGE}.arch_guard.cli",
-}
+COMMANDS = {"eb-staged-rebuild": "staged_rebuild.cli", "eessi-arch-guard": "arch_guard.cli"}
 
 
 class DemoSiteError(Exception):
@@ -94,15 +91,9 @@ def install_commands(demo: Path) -> Path:
     checkout.copy_package(lib)
     bin_dir = demo / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
-    for name, module in COMMANDS.items():
+    for name, cli in COMMANDS.items():
         launcher = bin_dir / name
-        launcher.write_text(
-            f"#!{sys.executable} -IS\n"
-            "import sys\n"
-            f"sys.path.insert(0, {str(lib)!r})\n"
-            f"from {module} import main\n"
-            "raise SystemExit(main())\n"
-        )
+        launcher.write_text(checkout.launcher(sys.executable, lib, cli))
         launcher.chmod(0o755)
     return bin_dir
 

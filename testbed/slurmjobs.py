@@ -7,9 +7,9 @@ import os
 import subprocess
 from pathlib import Path
 
+from localplay import ADMIN_PATH
+
 SLURM_LOCAL = Path(__file__).resolve().parent / "slurm-local.sh"
-# What a root shell has on PATH: slurm-local.sh starts munged, slurmctld and slurmd.
-ADMIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # scontrol's job states after which nothing of the job runs any more.
 FINISHED_STATES = frozenset(
@@ -28,8 +28,9 @@ FINISHED_STATES = frozenset(
 
 
 def slurm_local(action: str, cluster: Path, timeout: float) -> subprocess.CompletedProcess:
-    """``testbed/slurm-local.sh ACTION CLUSTER`` with the daemons on PATH; never raises: a
-    timeout is an exit status 1 whose stderr says so."""
+    """``testbed/slurm-local.sh ACTION CLUSTER`` with the daemons on PATH (a root shell's:
+    munged, slurmctld and slurmd are in sbin); never raises: a timeout is an exit status 1
+    whose stderr says so."""
     env = dict(os.environ, PATH=os.pathsep.join([os.environ.get("PATH", os.defpath), ADMIN_PATH]))
     try:
         return subprocess.run(

@@ -97,12 +97,19 @@ def guard_argv(python: str, package_root: Path, *args: str) -> list[str]:
     return [python, "-IS", "-c", GUARD_LAUNCHER, str(package_root), *args]
 
 
-def guard_task_prolog(python: str, package_root: Path) -> str:
-    """A TaskProlog file that runs the guard with ``python -IS`` from ``package_root``."""
+def launcher(python: str, package_root: Path, cli: str) -> str:
+    """A script that runs the command ``PACKAGE.CLI:main`` (``cli``: ``arch_guard.cli`` or
+    ``staged_rebuild.cli``) with ``python -IS`` from ``package_root``, as a node without an
+    installation runs it."""
     return (
         f"#!{python} -IS\n"
         "import sys\n"
         f"sys.path.insert(0, {str(package_root)!r})\n"
-        f"from {PACKAGE}.arch_guard.cli import main\n"
+        f"from {PACKAGE}.{cli} import main\n"
         "raise SystemExit(main())\n"
     )
+
+
+def guard_task_prolog(python: str, package_root: Path) -> str:
+    """A TaskProlog file that runs the guard with ``python -IS`` from ``package_root``."""
+    return launcher(python, package_root, "arch_guard.cli")

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import checkout
+from localplay import ADMIN_PATH
 
 HOWTO = checkout.REPO / "docs" / "howto"
 # A fence opens with three or more backticks and an info string; the same run of backticks
 # closes it (CommonMark: a longer one does too, a shorter one does not).
 _FENCE = re.compile(r"^(?P<fence>`{3,})(?P<info>[^`\n]*)\n(?P<body>.*?)^(?P=fence)`*[ \t]*$", re.M | re.S)
-SHELL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PAGE_TIMEOUT = 900
 
 
@@ -52,7 +52,7 @@ def run_page(name: str, demo: Path, workdir: Path, home: Path) -> PageRun:
     workdir.mkdir(parents=True)
     (workdir / "demo").symlink_to(demo, target_is_directory=True)
     home.mkdir(parents=True, exist_ok=True)
-    env = {"PATH": SHELL_PATH, "HOME": str(home), "LANG": "C.UTF-8", "USER": "root", "LOGNAME": "root"}
+    env = {"PATH": ADMIN_PATH, "HOME": str(home), "LANG": "C.UTF-8", "USER": "root", "LOGNAME": "root"}
     done = subprocess.run(
         ["bash", "--noprofile", "--norc", "-c", script((HOWTO / name).read_text())],
         cwd=workdir,

@@ -7,6 +7,8 @@ worker). Its Slurm is stopped when the session ends, whatever happened.
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -39,6 +41,11 @@ def run_demo(tree: Path, *args: str) -> subprocess.CompletedProcess:
 class DemoRun:
     tree: Path  # what make demo built: software/, modules/all/, demo.env, bin/, eessi/
     done: subprocess.CompletedProcess  # its first run
+
+    def exported(self, name: str) -> str:
+        """The value demo.env exports as ``name`` (its ``export NAME=value`` line, unquoted)."""
+        (value,) = re.findall(rf"^export {name}=(.*)$", (self.tree / "demo.env").read_text(), re.M)
+        return shlex.split(value)[0]
 
 
 @pytest.fixture(scope="session")

@@ -42,7 +42,7 @@ def test_demo_stop_stops_its_slurm_and_a_second_demo_leaves_the_tree_alone(demo_
     install = tree / "software" / "TinyApp" / "1.0"
     inode = install.stat().st_ino
     mtime = (install / "bin" / "tinyapp").stat().st_mtime_ns
-    cluster = _slurm_dir(tree)
+    cluster = Path(demo_run.exported("SLURM_CONF")).parent
 
     stopped = run_demo(tree, "stop")
 
@@ -59,11 +59,6 @@ def test_demo_stop_stops_its_slurm_and_a_second_demo_leaves_the_tree_alone(demo_
     # Slurm is up again for the how-tos that run after this test, on the same slurm.conf.
     assert _processes_naming(str(cluster))
     assert f"export SLURM_CONF={cluster / 'slurm.conf'}\n" in (tree / "demo.env").read_text()
-
-
-def _slurm_dir(tree: Path) -> Path:
-    (conf,) = re.findall(r"^export SLURM_CONF=(\S+)$", (tree / "demo.env").read_text(), re.M)
-    return Path(conf).parent
 
 
 def _sections(stdout: str) -> list[str]:
@@ -112,7 +107,7 @@ def test_demo_repairs_a_real_slurm_job_and_leaves_that_slurm_running(demo_run):
     assert f"usera runs the build for {here}\n" in guarded
     assert f"EESSI_ARCH_GUARD_RELOADED={other}->{here}" in guarded
     cluster = Path(node.split("testbed/slurm-local.sh start ")[1].split(")")[0])
-    assert cluster == _slurm_dir(tree)
+    assert cluster == Path(demo_run.exported("SLURM_CONF")).parent
     # Left running for the how-tos, with the TaskProlog that does nothing back.
     assert {"munged", "slurmctld", "slurmd"} <= {
         argv.split()[1].rsplit("/", 1)[-1] for argv in _processes_naming(str(cluster))

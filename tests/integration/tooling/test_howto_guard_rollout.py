@@ -16,7 +16,6 @@ names the wrapper. slurm.conf is as it was at the end.
 
 from __future__ import annotations
 
-import re
 import socket
 from pathlib import Path
 
@@ -24,19 +23,13 @@ from tests.integration.harness.demo import DEMO_TREE
 from tests.support.howto import run_page
 
 
-def _exported(env_file: str, name: str) -> str:
-    (value,) = re.findall(rf"^export {name}=(\S+)$", env_file, re.M)
-    return value
-
-
 @DEMO_TREE
 def test_the_rollout_tests_the_canary_rolls_on_reports_repairs_a_job_and_is_removed_for_each_layout(
     demo_run, tmp_path
 ):
     assert demo_run.done.returncode == 0, demo_run.done.stdout
-    env_file = (demo_run.tree / "demo.env").read_text()
-    here, other = (_exported(env_file, name) for name in ("DEMO_CPU_TARGET", "DEMO_OTHER_TARGET"))
-    slurm_conf = Path(_exported(env_file, "SLURM_CONF"))
+    here, other = demo_run.exported("DEMO_CPU_TARGET"), demo_run.exported("DEMO_OTHER_TARGET")
+    slurm_conf = Path(demo_run.exported("SLURM_CONF"))
     before = slurm_conf.read_bytes()
     node = socket.gethostname().split(".")[0]
     work = demo_run.tree / "howto-guard"

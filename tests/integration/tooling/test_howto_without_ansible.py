@@ -20,9 +20,7 @@ def test_the_commands_rebuild_roll_back_collect_and_guard_a_job_without_ansible(
     assert demo_run.done.returncode == 0, demo_run.done.stdout
     live = demo_run.tree / "software" / "TinyApp" / "1.0"
     before = live.stat().st_ino
-    env_file = (demo_run.tree / "demo.env").read_text()
-    here = re.search(r"^export DEMO_CPU_TARGET=(\S+)$", env_file, re.M)[1]
-    other = re.search(r"^export DEMO_OTHER_TARGET=(\S+)$", env_file, re.M)[1]
+    here, other = demo_run.exported("DEMO_CPU_TARGET"), demo_run.exported("DEMO_OTHER_TARGET")
 
     ran = run_page("without-ansible.md", demo_run.tree, tmp_path / "work", tmp_path / "home")
 

@@ -16,6 +16,7 @@ import signal
 
 import pytest
 
+import checkout
 from ansible_collections.hpcstack.ops.plugins.module_utils.common import errors
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import backends, cli, text
 from ansible_collections.hpcstack.ops.plugins.module_utils.staged_rebuild import journal as journals
@@ -776,3 +777,88 @@ def test_dry_run_gives_easybuild_a_temporary_directory_of_its_own_and_removes_it
     given = record.read_text().strip()
     assert given
     assert not os.path.exists(given)
+
+
+# The JSON table of docs/reference/eb-staged-rebuild.md: every key a subcommand prints is in
+# its row, and every key of the row that the table does not give as conditional is printed.
+# Each subcommand that needs no Slurm job runs here; ``rebuild --job``, ``publish`` and
+# ``discard`` act on runs of Slurm jobs, whose documents the job tests read.
+
+REFERENCE = checkout.REPO / "docs" / "reference" / "eb-staged-rebuild.md"
+# A cell's names are in backquotes; an option (`--dry-run`) names a case, not a key.
+_JSON_KEY = re.compile(r"`([a-z_]+)`")
+
+
+def json_table() -> dict:
+    """Each row of the JSON table: ``{subcommand: (keys, conditional keys)}``. A key is
+    conditional when the cell gives it after a ``;`` (``; with --dry-run, would_change``) or
+    follows it with ``(only when``; what a parenthesis holds otherwise describes the key."""
+    section = REFERENCE.read_text().split("\n## JSON\n", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if len(cells) != 2 or not cells[0].startswith("`"):
+            continue
+        command, keys = cells[0].strip("`"), cells[1]
+        conditional = (
+            set(_JSON_KEY.findall(re.sub(r"\([^()]*\)", "", keys.split(";", 1)[1]))) if ";" in keys else set()
+        )
+        conditional |= set(re.findall(r"`([a-z_]+)` \(only when", keys))
+        rows[command] = (set(_JSON_KEY.findall(re.sub(r"\([^()]*\)", "", keys))), conditional)
+    return rows
+
+
+@pytest.fixture(scope="module")
+def table():
+    return json_table()
+
+
+def _json(capsys, site, *args) -> dict:
+    _main(site, "--json", *args)
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_table_parses_into_a_row_per_subcommand(table):
+    assert set(table) == {
+        "status",
+        "status RUN",
+        "rebuild",
+        "rebuild --dry-run",
+        "rebuild --job",
+        "rollback",
+        "retire",
+        "resume",
+        "gc",
+        "probe",
+        "publish",
+        "discard",
+    }
+    assert table["gc"][1] == {"would_change"}
+    assert table["rebuild"][1] == {"warnings"}
+    assert "target" not in table["rebuild --job"][0]  # a key of each job, not of the document
+
+
+def test_each_subcommand_prints_the_json_keys_its_row_lists(installed, capsys, table):
+    printed = {
+        "rebuild --dry-run": [_json(capsys, installed, *_rebuild_args(installed, "--dry-run"))],
+        "rebuild": [_json(capsys, installed, *_rebuild_args(installed))],
+        "status": [_json(capsys, installed, "status")],
+        "status RUN": [_json(capsys, installed, "status", "run1")],
+    }
+    printed["rollback"] = [_json(capsys, installed, "rollback", "run1")]
+    module_file = installed.installpath / "modules" / "all" / "TinyApp" / "1.0.lua"
+    retired = _json(capsys, installed, "retire", str(module_file), "--reason", "on CVMFS")
+    printed["retire"] = [retired]
+    printed["rollback"].append(_json(capsys, installed, "rollback", retired["run_id"]))
+    printed["resume"] = [_json(capsys, installed, "resume")]
+    printed["gc"] = [
+        _json(capsys, installed, "gc", "--no-squeue", "--dry-run"),
+        _json(capsys, installed, "gc", "--no-squeue", "--grace-hours", "0"),
+    ]
+    printed["probe"] = [_json(capsys, installed, "probe", "--path", str(installed.installpath / "software"))]
+
+    for command, documents in printed.items():
+        keys, conditional = table[command]
+        seen = set().union(*documents)
+        assert seen - keys == set(), f"{command}: printed but not in the table"
+        assert keys - conditional - seen == set(), f"{command}: in the table but not printed"
